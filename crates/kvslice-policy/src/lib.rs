@@ -1,0 +1,35 @@
+//! KV-cache eviction policies: budgets, scorers, allocators and the shared selection.
+//!
+//! Pure Rust, no GPU. This crate is where each method is *defined*; the WGSL kernels and the
+//! runtime are tested against these CPU definitions.
+//!
+//! Flow for one prompt (see [`Policy::plan`]):
+//! 1. the kernels produce [`WindowStats`] per layer (and K/V, query moments, … as a scorer's
+//!    [`Needs`] say);
+//! 2. a [`Scorer`] turns them into [`Scores`] per KV head and position;
+//! 3. an [`Allocator`] splits the resolved [`BudgetSpec`] over layers and heads;
+//! 4. [`select_top_k`] keeps the best positions, protected sinks and recent window included.
+
+pub mod alloc;
+pub mod budget;
+pub mod error;
+pub mod ladder;
+pub mod pool;
+pub mod reference;
+pub mod registry;
+pub mod scorer;
+pub mod select;
+pub mod stats;
+
+pub use alloc::{AdaKv, AdaMode, Allocation, Allocator, Cake, CakeCascade, LayerScores, PyramidKv, Uniform};
+pub use budget::{BudgetSpec, ResolvedBudget, SinkCount, WindowSize};
+pub use error::{PolicyError, Result};
+pub use ladder::{Ladder, LadderPlan};
+pub use pool::Pooling;
+pub use registry::{build, listing, lookup, registry, Entry, LayerInput, ModelInfo, Plan, Policy};
+pub use scorer::{
+    AnDPro, CakeIndicator, CounterCausal, CounterCausalPass, CriticalKv, ExpectedAttention, H2o, Knorm, Rope, Scorer, SnapKv,
+    StreamingLlm, Tova,
+};
+pub use select::{select_heads, select_top_k, Protect};
+pub use stats::{reduce_groups, GroupReduce, KvView, Needs, QueryMoments, ScoreInput, Scores, WindowStats};

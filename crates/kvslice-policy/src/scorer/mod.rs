@@ -1,0 +1,75 @@
+//! Scorers: one method per file. A scorer turns one layer's inputs into a score per
+//! (KV head, position); the shared [`crate::select`] keeps the best ones under a budget.
+
+use std::fmt::Debug;
+
+use crate::error::{PolicyError, Result};
+use crate::pool::Pooling;
+use crate::select::Protect;
+use crate::stats::{reduce_groups, GroupReduce, Needs, ScoreInput, Scores, WindowStats};
+
+pub mod andpro;
+pub mod cake;
+pub mod counter_causal;
+pub mod critical;
+pub mod expected_attention;
+pub mod h2o;
+pub mod knorm;
+pub mod snapkv;
+pub mod streaming;
+pub mod tova;
+
+pub use andpro::AnDPro;
+pub use cake::CakeIndicator;
+pub use counter_causal::{CounterCausal, CounterCausalPass};
+pub use critical::CriticalKv;
+pub use expected_attention::{ExpectedAttention, Rope};
+pub use h2o::H2o;
+pub use knorm::Knorm;
+pub use snapkv::SnapKv;
+pub use streaming::StreamingLlm;
+pub use tova::Tova;
+
+/// A KV-cache importance score. Implementations validate their parameters at construction and
+/// define `score` on the CPU; the GPU path must agree with it.
+pub trait Scorer: Debug + Send + Sync {
+    /// Short name (the registry's key for the bare scorer).
+    fn name(&self) -> &'static str;
+    /// The inputs `score` reads.
+    fn needs(&self) -> Needs;
+    /// The positions always kept when each KV head keeps `budget` tokens.
+    fn protect(&self, budget: usize) -> Protect;
+    /// Scores `[H_kv, n]`; higher is kept first. Scores at protected positions are not used.
+    fn score(&self, input: &ScoreInput<'_>) -> Result<Scores>;
+}
+
+/// Checks the statistics and that they were computed over the window this scorer expects.
+pub(crate) fn check_window(stats: &WindowStats, window: usize) -> Result<()> {
+    stats.validate()?;
+    if stats.window != window {
+        return Err(PolicyError::Window {
+            window,
+            len: stats.len,
+            reason: "statistics were computed over another window than the method's",
+        });
+    }
+    Ok(())
+}
+
+/// The SnapKV-style pipeline shared by window-statistic scorers: per query head, pool the
+/// `table` over the prefix `[0, n−w)` only, then reduce each GQA group to its KV head.
+/// Window positions (always protected) score 0.
+pub(crate) fn pooled_prefix(stats: &WindowStats, table: &[f32], pooling: Pooling, reduce: GroupReduce) -> Result<Scores> {
+    let n = stats.len;
+    let p = stats.prefix_len();
+    let mut pooled = vec![0f32; stats.heads * n];
+    for h in 0..stats.heads {
+        let row = pooling.apply(&table[h * n..h * n + p]);
+        pooled[h * n..h * n + p].copy_from_slice(&row);
+    }
+    reduce_groups(&pooled, stats.heads, stats.kv_heads, n, reduce)
+}
+
+pub(crate) fn param(method: &'static str, name: &'static str, reason: impl Into<String>) -> PolicyError {
+    PolicyError::InvalidParameter { method, name, reason: reason.into() }
+}

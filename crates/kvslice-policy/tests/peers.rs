@@ -1,0 +1,271 @@
+//! Cross-check against the peers' own code: kvpress 0.5.5 and ports of cakekv and FFY0/AdaKV
+//! (scripts/peers/gen_peers.py). Every kept set must equal the peer's exactly; the summary
+//! printed with `--nocapture` gives the figures.
+
+mod common;
+
+use common::{jaccard_distance, Peers};
+use kvslice_policy::alloc::{AdaKv, AdaMode, Allocator, Cake, CakeCascade, LayerScores, PyramidKv, Uniform};
+use kvslice_policy::{
+    select_heads, select_top_k, BudgetSpec, CakeIndicator, CriticalKv, ExpectedAttention, GroupReduce, H2o, Knorm, KvView,
+    Pooling, Protect, ScoreInput, Scorer, Scores, SnapKv, StreamingLlm, Tova,
+};
+use serde_json::Value;
+
+type Kept = Vec<Vec<Vec<u32>>>;
+
+fn peer_kept(case: &Value) -> Kept {
+    case["kept"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            l.as_array()
+                .unwrap()
+                .iter()
+                .map(|h| h.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect())
+                .collect()
+        })
+        .collect()
+}
+
+fn f(case: &Value, k: &str) -> f64 {
+    case["params"][k].as_f64().unwrap_or_else(|| panic!("param {k}"))
+}
+
+fn u(case: &Value, k: &str) -> usize {
+    case["params"][k].as_u64().unwrap_or_else(|| panic!("param {k}")) as usize
+}
+
+/// kvpress's `compute_n_kept`.
+fn n_kept(len: usize, ratio: f64) -> usize {
+    ((len as f64 * (1.0 - ratio)) as usize).max(1)
+}
+
+struct Layer {
+    stats: kvslice_policy::WindowStats,
+}
+
+/// Scores every layer with `scorer` over window `window`.
+fn score_layers(p: &mut Peers, scorer: &dyn Scorer, window: usize, budget: usize) -> (Vec<Layer>, Vec<Scores>) {
+    let mut layers = Vec::new();
+    let mut scores = Vec::new();
+    for l in 0..p.layers {
+        let stats = p.stats(l, window);
+        let moments = p.moments(l, 4);
+        let proj = p.value_proj_l1(l);
+        let kv = KvView {
+            kv_heads: p.kv_heads,
+            len: p.len,
+            head_dim: p.head_dim,
+            keys: Some(&p.keys[l]),
+            values: Some(&p.values[l]),
+        };
+        let input = ScoreInput { stats: &stats, kv: Some(kv), query_moments: Some(&moments), value_proj_l1: Some(&proj), budget };
+        scores.push(scorer.score(&input).unwrap());
+        layers.push(Layer { stats });
+    }
+    (layers, scores)
+}
+
+fn uniform_kept(scores: &[Scores], budget: usize, protect: Protect) -> Kept {
+    scores.iter().map(|s| select_heads(s, &vec![budget; s.kv_heads], protect).unwrap()).collect()
+}
+
+fn ours(p: &mut Peers, case: &Value, tie_scores: &mut Option<Vec<Scores>>) -> Kept {
+    let method = case["method"].as_str().unwrap();
+    let n = p.len;
+    match method {
+        "snapkv" | "tova" | "knorm" | "h2o-kvpress" | "streaming-llm" | "expected-attention" | "expected-attention-nocov"
+        | "critical-snapkv" => {
+            let b = n_kept(n, f(case, "compression_ratio"));
+            let (scorer, window): (Box<dyn Scorer>, usize) = match method {
+                "snapkv" => {
+                    let w = u(case, "window");
+                    (Box::new(SnapKv::new(w, Pooling::Avg(u(case, "kernel")), GroupReduce::Mean).unwrap()), w)
+                }
+                "tova" => (Box::new(Tova), 1),
+                "knorm" => (Box::new(Knorm), 1),
+                "h2o-kvpress" => (Box::new(H2o::kvpress()), 1),
+                "streaming-llm" => (Box::new(StreamingLlm::new(u(case, "n_sink"))), 1),
+                "expected-attention" | "expected-attention-nocov" => (
+                    Box::new(
+                        ExpectedAttention::with(
+                            p.rope.clone(),
+                            u(case, "n_future_positions"),
+                            u(case, "n_sink"),
+                            method == "expected-attention",
+                            true,
+                            0.0,
+                        )
+                        .unwrap(),
+                    ),
+                    1,
+                ),
+                _ => {
+                    let w = u(case, "window");
+                    let inner = SnapKv::new(w, Pooling::Avg(u(case, "kernel")), GroupReduce::Mean).unwrap();
+                    (Box::new(CriticalKv::new(Box::new(inner))), w)
+                }
+            };
+            let (_, scores) = score_layers(p, scorer.as_ref(), window, b);
+            uniform_kept(&scores, b, scorer.protect(b))
+        }
+        "adakv-kvpress" => {
+            let b = n_kept(n, f(case, "compression_ratio"));
+            let w = u(case, "window");
+            let scorer = SnapKv::new(w, Pooling::Avg(u(case, "kernel")), GroupReduce::Mean).unwrap();
+            let (_, scores) = score_layers(p, &scorer, w, b);
+            let ada = AdaKv::new(f(case, "alpha"), AdaMode::Kvpress, Box::new(Uniform)).unwrap();
+            let protect = scorer.protect(b);
+            scores.iter().map(|s| select_heads(s, &ada.head_budgets(s, b, protect), protect).unwrap()).collect()
+        }
+        "pyramidkv" => {
+            let b = n_kept(n, f(case, "compression_ratio"));
+            let w = u(case, "window");
+            let scorer = SnapKv::new(w, Pooling::Avg(u(case, "kernel")), GroupReduce::Mean).unwrap();
+            let (layers, scores) = score_layers(p, &scorer, w, b);
+            let pyr = PyramidKv::new(f(case, "beta")).unwrap();
+            let ls: Vec<LayerScores<'_>> =
+                layers.iter().zip(&scores).map(|(l, s)| LayerScores { stats: &l.stats, scores: s }).collect();
+            let budget = BudgetSpec::AveragePerLayer(b).resolve(n, p.layers, w).unwrap();
+            let alloc = pyr.allocate(&ls, &budget, scorer.protect(b)).unwrap();
+            let expected: Vec<usize> =
+                case["layer_budgets"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+            let got: Vec<usize> = alloc.budgets.iter().map(|h| h[0]).collect();
+            assert_eq!(got, expected, "{}: layer budgets", case["name"]);
+            alloc.select(&ls, scorer.protect(b)).unwrap()
+        }
+        "snapkv-original" => {
+            let cap = u(case, "max_capacity_prompt");
+            let w = u(case, "window");
+            let scorer = SnapKv::new(w, Pooling::Max(u(case, "kernel")), GroupReduce::Mean).unwrap();
+            let (_, scores) = score_layers(p, &scorer, w, cap);
+            let kept = uniform_kept(&scores, cap, scorer.protect(cap));
+            *tie_scores = Some(scores);
+            kept
+        }
+        "adakv-original" => {
+            let cap = u(case, "base_capacity");
+            let w = u(case, "window");
+            let scorer = SnapKv::new(w, Pooling::Max(u(case, "kernel")), GroupReduce::Mean).unwrap();
+            let (_, scores) = score_layers(p, &scorer, w, cap);
+            let ada = AdaKv::new(f(case, "alpha"), AdaMode::Original, Box::new(Uniform)).unwrap();
+            let protect = scorer.protect(cap);
+            let expected = case["head_budgets"].as_array().unwrap();
+            let kept = scores
+                .iter()
+                .enumerate()
+                .map(|(l, s)| {
+                    let hb = ada.head_budgets(s, cap, protect);
+                    let want: Vec<usize> = expected[l].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+                    assert_eq!(hb, want, "{}: head budgets of layer {l}", case["name"]);
+                    select_heads(s, &hb, protect).unwrap()
+                })
+                .collect();
+            *tie_scores = Some(scores);
+            kept
+        }
+        "cake" => {
+            let w = u(case, "window");
+            let cache = u(case, "cache_size");
+            let scorer = CakeIndicator::new(w, f(case, "gamma") as f32, Pooling::Avg(5)).unwrap();
+            let cake = Cake::new(f(case, "tau1"), f(case, "tau2")).unwrap();
+            let (layers, scores) = score_layers(p, &scorer, w, cache);
+            let protect = scorer.protect(cache);
+            let expected: Vec<usize> =
+                case["layer_budgets"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+            if case["params"]["cascading"].as_bool().unwrap() {
+                // stage by stage: trim the kept sets of layers 0..=m to the new budgets
+                let mut cascade = CakeCascade::new(cake, p.layers, n, cache, w).unwrap();
+                let mut kept: Kept = Vec::new();
+                for (m, layer) in layers.iter().enumerate() {
+                    let budgets = cascade.push(&layer.stats).to_vec();
+                    kept.push(vec![(0..n as u32).collect(); p.kv_heads]);
+                    for l in 0..=m {
+                        for h in 0..p.kv_heads {
+                            let cur = &kept[l][h];
+                            let sub: Vec<f32> = cur.iter().map(|&j| scores[l].row(h)[j as usize]).collect();
+                            let len = cur.len();
+                            // the window is the tail of every kept list
+                            let keep = select_top_k(&sub, budgets[l], Protect { sinks: 0, recent: w.min(len) }).unwrap();
+                            kept[l][h] = keep.iter().map(|&i| cur[i as usize]).collect();
+                        }
+                    }
+                }
+                let finals: Vec<usize> = kept.iter().map(|l| l[0].len()).collect();
+                assert_eq!(finals, expected, "{}: final layer budgets", case["name"]);
+                kept
+            } else {
+                let ls: Vec<LayerScores<'_>> =
+                    layers.iter().zip(&scores).map(|(l, s)| LayerScores { stats: &l.stats, scores: s }).collect();
+                let budget = BudgetSpec::AveragePerLayer(cache).resolve(n, p.layers, w).unwrap();
+                let alloc = cake.allocate(&ls, &budget, protect).unwrap();
+                let got: Vec<usize> = alloc.budgets.iter().map(|h| h[0]).collect();
+                assert_eq!(got, expected, "{}: layer budgets", case["name"]);
+                alloc.select(&ls, protect).unwrap()
+            }
+        }
+        other => panic!("no Rust counterpart for peer method {other}"),
+    }
+}
+
+#[test]
+fn kept_sets_match_the_peers() {
+    let mut p = Peers::load();
+    let cases = p.cases.clone();
+    assert!(cases.len() >= 30, "stored cases");
+    let (mut sets, mut exact, mut worst, mut tied) = (0usize, 0usize, 0f64, 0usize);
+    let mut failures = Vec::new();
+    for case in &cases {
+        let name = case["name"].as_str().unwrap();
+        let theirs = peer_kept(case);
+        let mut tie_scores = None;
+        let mine = ours(&mut p, case, &mut tie_scores);
+        assert_eq!(mine.len(), theirs.len(), "{name}: layers");
+        let (mut case_exact, mut case_sets, mut case_worst, mut case_tied) = (0, 0, 0f64, 0);
+        for (l, (ml, tl)) in mine.iter().zip(&theirs).enumerate() {
+            for (h, (m, t)) in ml.iter().zip(tl).enumerate() {
+                case_sets += 1;
+                let d = jaccard_distance(m, t);
+                case_worst = case_worst.max(d);
+                if m == t {
+                    case_exact += 1;
+                } else if let Some(sc) = &tie_scores {
+                    // max pooling makes plateaus of equal scores; torch's top-k breaks those
+                    // ties in no specified order, ours takes the lower position. The sets are
+                    // then equivalent when the kept scores are the same multiset.
+                    if m.len() == t.len() && same_scores(sc[l].row(h), m, t) {
+                        case_tied += 1;
+                    }
+                }
+            }
+        }
+        println!(
+            "{name:40} {case_exact:2}/{case_sets:2} sets identical, {case_tied} equal up to tied scores, worst Jaccard distance {case_worst:.4}"
+        );
+        sets += case_sets;
+        exact += case_exact;
+        tied += case_tied;
+        worst = worst.max(case_worst);
+        if case_exact + case_tied != case_sets {
+            failures.push(format!("{name}: {case_exact}/{case_sets} identical, worst Jaccard distance {case_worst:.4}"));
+        }
+    }
+    println!(
+        "total: {exact}/{sets} kept sets identical, {tied} more equal up to tied scores (max pooling), across {} cases; worst Jaccard distance {worst:.4}",
+        cases.len()
+    );
+    assert!(failures.is_empty(), "kept sets differ from the peers:\n{}", failures.join("\n"));
+}
+
+/// Whether the scores kept by `a` and `b` form the same multiset (the sets differ only by
+/// positions of equal score).
+fn same_scores(row: &[f32], a: &[u32], b: &[u32]) -> bool {
+    let sorted = |s: &[u32]| {
+        let mut v: Vec<f32> = s.iter().map(|&j| row[j as usize]).collect();
+        v.sort_by(|x, y| y.total_cmp(x));
+        v
+    };
+    sorted(a).iter().zip(sorted(b)).all(|(x, y)| (x - y).abs() <= 1e-6 * x.abs().max(y.abs()))
+}
