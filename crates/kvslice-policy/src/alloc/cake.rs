@@ -95,6 +95,12 @@ impl Cake {
     /// cap causes given to the layers below it in order (a repair the original lacks: it only
     /// matters where cakekv would hand a layer more than it has). Sums to `min(total, L·cap)`.
     pub fn prefix_budgets(&self, prefs: &[f64], total: usize, cap: usize) -> Vec<usize> {
+        self.prefix_budgets_within(prefs, total, cap, &vec![cap; prefs.len()])
+    }
+
+    /// [`Cake::prefix_budgets`] with a cap per layer (`caps[l] ≤ cap`), which the cascade uses
+    /// to keep budgets from growing between stages; sums to `min(total, Σ caps)`.
+    pub fn prefix_budgets_within(&self, prefs: &[f64], total: usize, cap: usize, caps: &[usize]) -> Vec<usize> {
         let l = prefs.len();
         let sum: f64 = prefs.iter().sum();
         let shares: Vec<f64> = if sum > 0.0 && sum.is_finite() && prefs.iter().all(|p| p.is_finite() && *p >= 0.0) {
@@ -102,14 +108,17 @@ impl Cake {
         } else {
             vec![total as f64 / l as f64; l]
         };
-        let mut b: Vec<usize> =
-            adjust_budgets(&shares, total as i64, cap as i64).into_iter().map(|x| x.clamp(0, cap as i64) as usize).collect();
-        let target = total.min(l * cap);
+        let mut b: Vec<usize> = adjust_budgets(&shares, total as i64, cap as i64)
+            .into_iter()
+            .zip(caps)
+            .map(|(x, &c)| x.clamp(0, c as i64) as usize)
+            .collect();
+        let target = total.min(caps.iter().sum());
         let mut short = target.saturating_sub(b.iter().sum());
         while short > 0 {
             let mut moved = false;
-            for x in b.iter_mut() {
-                if short > 0 && *x < cap {
+            for (x, &c) in b.iter_mut().zip(caps) {
+                if short > 0 && *x < c {
                     *x += 1;
                     short -= 1;
                     moved = true;
@@ -168,7 +177,10 @@ impl CakeCascade {
     }
 
     /// Adds the next layer's statistics and returns the kept-token budgets (window included) of
-    /// layers `0..=m`. A layer's budget never grows from one stage to the next.
+    /// layers `0..=m`. A layer's budget never grows from one stage to the next: the proportional
+    /// shares shrink as layers arrive, and where integer rounding would hand a layer one token
+    /// more than it kept at the previous stage, that token goes to the layers that still have
+    /// room, so the stage still spends the whole total (cakekv instead loses it).
     pub fn push(&mut self, stats: &WindowStats) -> &[usize] {
         self.push_preference(self.cake.preference(stats))
     }
@@ -176,16 +188,12 @@ impl CakeCascade {
     /// Same as [`CakeCascade::push`] with the preference already computed.
     pub fn push_preference(&mut self, pref: f64) -> &[usize] {
         self.prefs.push(pref);
-        let stage = self.cake.prefix_budgets(&self.prefs, self.total, self.len - self.window);
         let w = self.window;
-        for (l, b) in stage.into_iter().enumerate() {
-            let b = b + w;
-            if l < self.budgets.len() {
-                self.budgets[l] = self.budgets[l].min(b);
-            } else {
-                self.budgets.push(b);
-            }
-        }
+        let cap = self.len - w;
+        // earlier layers may not grow back: their current budget caps them
+        let caps: Vec<usize> = self.budgets.iter().map(|b| b - w).chain(std::iter::once(cap)).collect();
+        let stage = self.cake.prefix_budgets_within(&self.prefs, self.total, cap, &caps);
+        self.budgets = stage.into_iter().map(|b| b + w).collect();
         &self.budgets
     }
 
