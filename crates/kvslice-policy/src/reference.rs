@@ -24,7 +24,7 @@ pub struct Dims {
 
 impl Dims {
     fn check(&self, q: &[f32], k: &[f32], v: Option<&[f32]>) -> Result<()> {
-        if self.kv_heads == 0 || self.heads % self.kv_heads != 0 {
+        if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
             return Err(PolicyError::Grouping { heads: self.heads, kv_heads: self.kv_heads });
         }
         let qn = self.heads * self.len * self.head_dim;
@@ -35,10 +35,8 @@ impl Dims {
         if k.len() != kn {
             return Err(PolicyError::ShapeMismatch { what: "keys", expected: kn, got: k.len() });
         }
-        if let Some(v) = v {
-            if v.len() != kn {
-                return Err(PolicyError::ShapeMismatch { what: "values", expected: kn, got: v.len() });
-            }
+        if let Some(v) = v.filter(|v| v.len() != kn) {
+            return Err(PolicyError::ShapeMismatch { what: "values", expected: kn, got: v.len() });
         }
         Ok(())
     }
@@ -184,7 +182,7 @@ pub fn window_stats(dims: Dims, q: &[f32], k: &[f32], v: &[f32], window: usize) 
 /// `h·d..(h+1)·d`.
 pub fn value_proj_l1(dims: Dims, v: &[f32], w_o: &[f32], hidden: usize) -> Result<Vec<f32>> {
     let Dims { heads, kv_heads, len: n, head_dim: d } = dims;
-    if kv_heads == 0 || heads % kv_heads != 0 {
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
         return Err(PolicyError::Grouping { heads, kv_heads });
     }
     if w_o.len() != hidden * heads * d {

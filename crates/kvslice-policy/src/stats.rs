@@ -110,7 +110,7 @@ impl WindowStats {
 
     /// Checks every shape and that all values are finite.
     pub fn validate(&self) -> Result<()> {
-        if self.kv_heads == 0 || self.heads == 0 || self.heads % self.kv_heads != 0 {
+        if self.kv_heads == 0 || self.heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
             return Err(PolicyError::Grouping { heads: self.heads, kv_heads: self.kv_heads });
         }
         if self.window == 0 || self.window > self.len {
@@ -343,7 +343,7 @@ pub enum GroupReduce {
 
 /// Reduces a `[H, n]` table to `[H_kv, n]` over the GQA groups.
 pub fn reduce_groups(table: &[f32], heads: usize, kv_heads: usize, len: usize, how: GroupReduce) -> Result<Scores> {
-    if kv_heads == 0 || heads % kv_heads != 0 {
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
         return Err(PolicyError::Grouping { heads, kv_heads });
     }
     check_len("per-head table", table, heads * len)?;

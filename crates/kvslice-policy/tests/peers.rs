@@ -166,6 +166,7 @@ fn ours(p: &mut Peers, case: &Value, tie_scores: &mut Option<Vec<Scores>>) -> Ke
             *tie_scores = Some(scores);
             kept
         }
+        #[allow(clippy::needless_range_loop)]
         "cake" => {
             let w = u(case, "window");
             let cache = u(case, "cache_size");

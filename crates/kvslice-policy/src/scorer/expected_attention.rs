@@ -25,7 +25,7 @@ pub struct Rope {
 impl Rope {
     /// Llama's RoPE: `θ_i = base^(−2i/d)`, `i < d/2`.
     pub fn llama(base: f64, head_dim: usize) -> Result<Self> {
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(param("rope", "head_dim", format!("must be even and positive, got {head_dim}")));
         }
         if !(base.is_finite() && base > 1.0) {
