@@ -1,0 +1,93 @@
+"""Write a small GGUF with one tensor per supported ggml type and the f32 values
+gguf-py dequantizes them to.
+
+Outputs (tests/golden/gguf-quant/):
+  quant.gguf      written by gguf.GGUFWriter (GGUF v3, alignment 32)
+  expected.safetensors
+                  for every tensor in quant.gguf, `gguf.quants.dequantize` of its raw
+                  bytes, as f32 in the GGUF's logical shape (numpy order: [ne1, ne0])
+
+Values are seeded normal numbers with both signs; every quantized tensor has one
+32-value block of exact zeros and one block of a constant, and the widths are
+multiples of 32.
+"""
+
+import argparse
+import pathlib
+
+import numpy as np
+import gguf
+from gguf.constants import GGMLQuantizationType as T
+from safetensors.numpy import save_file
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="tests/golden/gguf-quant")
+    args = ap.parse_args()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(20240601)
+
+    def values(shape):
+        x = (rng.standard_normal(shape) * 1.5).astype(np.float32)
+        flat = x.reshape(-1)
+        if flat.size >= 96:
+            flat[32:64] = 0.0          # one block of zeros
+            flat[64:96] = -0.75        # one constant negative block
+        return x
+
+    tensors = [
+        ("t_f32", T.F32, (3, 7)),
+        ("t_f16", T.F16, (4, 33)),
+        ("t_bf16", T.BF16, (5, 40)),
+        ("t_q8_0", T.Q8_0, (6, 64)),
+        ("t_q4_0", T.Q4_0, (4, 96)),
+        ("t_q4_1", T.Q4_1, (5, 64)),
+        ("t_q4_1_1d", T.Q4_1, (128,)),
+        ("t_q8_0_3d", T.Q8_0, (2, 3, 32)),
+        # an unsupported type, for the error path
+        ("t_q5_0", T.Q5_0, (2, 32)),
+    ]
+
+    w = gguf.GGUFWriter(str(out / "quant.gguf"), arch="llama")
+    w.add_string("test.string", "héllo ✓")
+    w.add_uint8("test.u8", 200)
+    w.add_int8("test.i8", -5)
+    w.add_uint16("test.u16", 60000)
+    w.add_int16("test.i16", -30000)
+    w.add_uint32("test.u32", 4000000000)
+    w.add_int32("test.i32", -2000000000)
+    w.add_float32("test.f32", 1.5)
+    w.add_bool("test.bool", True)
+    w.add_uint64("test.u64", 2**63 + 7)
+    w.add_int64("test.i64", -(2**62))
+    w.add_float64("test.f64", -2.25)
+    w.add_array("test.arr_i32", [1, -2, 3])
+    w.add_array("test.arr_str", ["a", "bc", ""])
+    expected = {}
+    for name, qtype, shape in tensors:
+        x = values(shape)
+        raw = gguf.quants.quantize(x, qtype)
+        w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
+        deq = gguf.quants.dequantize(raw, qtype).astype(np.float32)
+        assert deq.shape == shape, (name, deq.shape, shape)
+        if qtype != T.Q5_0:
+            expected[name] = np.ascontiguousarray(deq)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    # Read back with gguf-py's reader: the file is what we think it is.
+    r = gguf.GGUFReader(str(out / "quant.gguf"))
+    for t in r.tensors:
+        if t.name in expected:
+            got = gguf.quants.dequantize(t.data, t.tensor_type)
+            np.testing.assert_array_equal(got.reshape(expected[t.name].shape), expected[t.name])
+    save_file(expected, str(out / "expected.safetensors"))
+    print("wrote", out / "quant.gguf", out / "expected.safetensors")
+
+
+if __name__ == "__main__":
+    main()
