@@ -6,7 +6,7 @@ use crate::config::ModelConfig;
 use crate::error::{FormatError, Result};
 use crate::gguf::GgufFile;
 use crate::tokenizer::{HfTokenizerFiles, Tokenizer};
-use crate::weights::{safetensors_index_files, GgufWeights, SafetensorsWeights, WeightSource};
+use crate::weights::{GgufWeights, SafetensorsWeights, WeightSource, safetensors_index_files};
 
 /// Which kind of files a model came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,13 +30,19 @@ impl LoadedModel {
 
 impl std::fmt::Debug for LoadedModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoadedModel").field("format", &self.format).field("config", self.config()).finish()
+        f.debug_struct("LoadedModel")
+            .field("format", &self.format)
+            .field("config", self.config())
+            .finish()
     }
 }
 
 /// Read a whole file.
 pub fn read(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|source| FormatError::Io { path: path.display().to_string(), source })
+    std::fs::read(path).map_err(|source| FormatError::Io {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 /// Read and parse a GGUF file.
@@ -58,11 +64,17 @@ pub fn open_model(path: &Path) -> Result<LoadedModel> {
 /// Open a `.gguf` model file.
 pub fn open_gguf(path: &Path) -> Result<LoadedModel> {
     if !path.is_file() {
-        return Err(FormatError::MissingFiles { files: vec![path.display().to_string()] });
+        return Err(FormatError::MissingFiles {
+            files: vec![path.display().to_string()],
+        });
     }
     let weights = GgufWeights::new(read(path)?)?;
     let tokenizer = Tokenizer::from_gguf(weights.file())?;
-    Ok(LoadedModel { format: ModelFormat::Gguf, weights: Box::new(weights), tokenizer })
+    Ok(LoadedModel {
+        format: ModelFormat::Gguf,
+        weights: Box::new(weights),
+        tokenizer,
+    })
 }
 
 /// Open an HF folder.
@@ -81,7 +93,11 @@ pub fn open_hf_folder(dir: &Path) -> Result<LoadedModel> {
     } else if p("model.safetensors").is_file() {
         vec!["model.safetensors".to_string()]
     } else {
-        missing.push(format!("{} (or {})", name(&p("model.safetensors")), name(&index)));
+        missing.push(format!(
+            "{} (or {})",
+            name(&p("model.safetensors")),
+            name(&index)
+        ));
         vec![]
     };
     for s in &shard_names {
@@ -93,15 +109,27 @@ pub fn open_hf_folder(dir: &Path) -> Result<LoadedModel> {
         return Err(FormatError::MissingFiles { files: missing });
     }
     let config = ModelConfig::from_hf_json(&read(&p("config.json"))?)?;
-    let shards = shard_names.iter().map(|s| Ok((s.clone(), read(&p(s))?))).collect::<Result<Vec<_>>>()?;
+    let shards = shard_names
+        .iter()
+        .map(|s| Ok((s.clone(), read(&p(s))?)))
+        .collect::<Result<Vec<_>>>()?;
     let weights = SafetensorsWeights::new(config, shards)?;
 
     let tokenizer_json = read(&p("tokenizer.json"))?;
     let tokenizer_config = p("tokenizer_config.json");
-    let tokenizer_config = if tokenizer_config.is_file() { Some(read(&tokenizer_config)?) } else { None };
+    let tokenizer_config = if tokenizer_config.is_file() {
+        Some(read(&tokenizer_config)?)
+    } else {
+        None
+    };
     let jinja = p("chat_template.jinja");
     let jinja = if jinja.is_file() {
-        Some(String::from_utf8(read(&jinja)?).map_err(|_| FormatError::InvalidUtf8 { what: "chat_template.jinja", offset: 0 })?)
+        Some(
+            String::from_utf8(read(&jinja)?).map_err(|_| FormatError::InvalidUtf8 {
+                what: "chat_template.jinja",
+                offset: 0,
+            })?,
+        )
     } else {
         None
     };
@@ -110,5 +138,9 @@ pub fn open_hf_folder(dir: &Path) -> Result<LoadedModel> {
         tokenizer_config_json: tokenizer_config.as_deref(),
         chat_template_jinja: jinja.as_deref(),
     })?;
-    Ok(LoadedModel { format: ModelFormat::HfFolder, weights: Box::new(weights), tokenizer })
+    Ok(LoadedModel {
+        format: ModelFormat::HfFolder,
+        weights: Box::new(weights),
+        tokenizer,
+    })
 }

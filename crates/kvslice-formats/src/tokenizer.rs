@@ -20,13 +20,13 @@
 use std::collections::HashMap;
 
 use tokenizers::decoders::byte_level::ByteLevel;
-use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::models::bpe::{BPE, Vocab};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::processors::PostProcessorWrapper;
+use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
 use crate::chat::{ChatMessage, ChatTemplate};
@@ -68,11 +68,16 @@ pub struct Tokenizer {
 }
 
 fn tok_err(e: impl std::fmt::Display) -> FormatError {
-    FormatError::Tokenizer { reason: e.to_string() }
+    FormatError::Tokenizer {
+        reason: e.to_string(),
+    }
 }
 
 fn bad_key(key: &str, reason: impl Into<String>) -> FormatError {
-    FormatError::BadMetadata { key: key.to_string(), reason: reason.into() }
+    FormatError::BadMetadata {
+        key: key.to_string(),
+        reason: reason.into(),
+    }
 }
 
 /// A token in tokenizer_config.json: a string or `{"content": ...}`.
@@ -85,20 +90,43 @@ fn config_token(v: Option<&serde_json::Value>) -> Option<&str> {
 }
 
 fn pre_tokenizer_for(pre: &str) -> Result<PreTokenizerWrapper> {
-    let byte_level = |use_regex| PreTokenizerWrapper::ByteLevel(tokenizers::pre_tokenizers::byte_level::ByteLevel::new(false, true, use_regex));
+    let byte_level = |use_regex| {
+        PreTokenizerWrapper::ByteLevel(tokenizers::pre_tokenizers::byte_level::ByteLevel::new(
+            false, true, use_regex,
+        ))
+    };
     let split = |pattern: &str| -> Result<PreTokenizerWrapper> {
         Ok(PreTokenizerWrapper::Split(
-            Split::new(SplitPattern::Regex(pattern.to_string()), SplitDelimiterBehavior::Isolated, false).map_err(tok_err)?,
+            Split::new(
+                SplitPattern::Regex(pattern.to_string()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(tok_err)?,
         ))
     };
     Ok(match pre {
         "gpt2" | "default" => byte_level(true),
         "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva" => {
-            PreTokenizerWrapper::Sequence(Sequence::new(vec![PreTokenizerWrapper::Digits(Digits::new(true)), byte_level(true)]))
+            PreTokenizerWrapper::Sequence(Sequence::new(vec![
+                PreTokenizerWrapper::Digits(Digits::new(true)),
+                byte_level(true),
+            ]))
         }
-        "qwen2" => PreTokenizerWrapper::Sequence(Sequence::new(vec![split(QWEN2_PATTERN)?, byte_level(false)])),
-        "llama-bpe" | "llama3" => PreTokenizerWrapper::Sequence(Sequence::new(vec![split(LLAMA3_PATTERN)?, byte_level(false)])),
-        other => return Err(FormatError::UnsupportedTokenizer { what: "tokenizer.ggml.pre", value: other.to_string() }),
+        "qwen2" => PreTokenizerWrapper::Sequence(Sequence::new(vec![
+            split(QWEN2_PATTERN)?,
+            byte_level(false),
+        ])),
+        "llama-bpe" | "llama3" => PreTokenizerWrapper::Sequence(Sequence::new(vec![
+            split(LLAMA3_PATTERN)?,
+            byte_level(false),
+        ])),
+        other => {
+            return Err(FormatError::UnsupportedTokenizer {
+                what: "tokenizer.ggml.pre",
+                value: other.to_string(),
+            });
+        }
     })
 }
 
@@ -108,21 +136,26 @@ impl Tokenizer {
     pub fn from_hf(files: HfTokenizerFiles<'_>) -> Result<Self> {
         let inner = tokenizers::Tokenizer::from_bytes(files.tokenizer_json).map_err(tok_err)?;
         let config: serde_json::Value = match files.tokenizer_config_json {
-            Some(b) => serde_json::from_slice(b).map_err(|e| tok_err(format!("tokenizer_config.json: {e}")))?,
+            Some(b) => serde_json::from_slice(b)
+                .map_err(|e| tok_err(format!("tokenizer_config.json: {e}")))?,
             None => serde_json::Value::Null,
         };
         let id_of = |field: &str| -> Result<Option<u32>> {
             match config_token(config.get(field)) {
                 None => Ok(None),
-                Some(t) => inner
-                    .token_to_id(t)
-                    .map(Some)
-                    .ok_or_else(|| tok_err(format!("tokenizer_config.json: {field} {t:?} is not in the vocabulary"))),
+                Some(t) => inner.token_to_id(t).map(Some).ok_or_else(|| {
+                    tok_err(format!(
+                        "tokenizer_config.json: {field} {t:?} is not in the vocabulary"
+                    ))
+                }),
             }
         };
         let bos_token_id = id_of("bos_token")?;
         let eos_token_id = id_of("eos_token")?;
-        let add_bos_token = config.get("add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false);
+        let add_bos_token = config
+            .get("add_bos_token")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
         let chat_template = match files.chat_template_jinja {
             Some(t) => Some(t.to_string()),
             None => match config.get("chat_template") {
@@ -135,7 +168,13 @@ impl Tokenizer {
                 _ => None,
             },
         };
-        Ok(Tokenizer { inner, bos_token_id, eos_token_id, add_bos_token, chat_template })
+        Ok(Tokenizer {
+            inner,
+            bos_token_id,
+            eos_token_id,
+            add_bos_token,
+            chat_template,
+        })
     }
 
     /// Rebuild the tokenizer from GGUF metadata, choosing the pre-tokenizer from
@@ -145,14 +184,22 @@ impl Tokenizer {
     }
 
     /// Rebuild the tokenizer from GGUF metadata with an explicit pre-tokenizer choice.
-    pub fn from_gguf_with<B: AsRef<[u8]>>(gguf: &GgufFile<B>, pre: GgufPreTokenizer) -> Result<Self> {
+    pub fn from_gguf_with<B: AsRef<[u8]>>(
+        gguf: &GgufFile<B>,
+        pre: GgufPreTokenizer,
+    ) -> Result<Self> {
         let model = gguf.get_str("tokenizer.ggml.model")?;
         if model != "gpt2" {
-            return Err(FormatError::UnsupportedTokenizer { what: "tokenizer.ggml.model", value: model.to_string() });
+            return Err(FormatError::UnsupportedTokenizer {
+                what: "tokenizer.ggml.model",
+                value: model.to_string(),
+            });
         }
         let strings = |key: &str| -> Result<&[String]> {
             gguf.get(key)
-                .ok_or_else(|| FormatError::MissingKey { key: key.to_string() })?
+                .ok_or_else(|| FormatError::MissingKey {
+                    key: key.to_string(),
+                })?
                 .as_array()
                 .and_then(MetadataArray::as_strings)
                 .ok_or_else(|| bad_key(key, "expected an array of strings"))
@@ -169,9 +216,14 @@ impl Tokenizer {
                 let t = v
                     .as_array()
                     .and_then(MetadataArray::to_i64s)
-                    .ok_or_else(|| bad_key("tokenizer.ggml.token_type", "expected an integer array"))?;
+                    .ok_or_else(|| {
+                        bad_key("tokenizer.ggml.token_type", "expected an integer array")
+                    })?;
                 if t.len() != n {
-                    return Err(bad_key("tokenizer.ggml.token_type", format!("{} types for {n} tokens", t.len())));
+                    return Err(bad_key(
+                        "tokenizer.ggml.token_type",
+                        format!("{} types for {n} tokens", t.len()),
+                    ));
                 }
                 Some(t)
             }
@@ -180,7 +232,10 @@ impl Tokenizer {
         let mut vocab: HashMap<String, u32> = HashMap::with_capacity(n);
         for (i, t) in tokens.iter().enumerate() {
             if vocab.insert(t.clone(), i as u32).is_some() {
-                return Err(bad_key("tokenizer.ggml.tokens", format!("token {t:?} appears twice")));
+                return Err(bad_key(
+                    "tokenizer.ggml.tokens",
+                    format!("token {t:?} appears twice"),
+                ));
             }
         }
         let mut merges = Vec::with_capacity(merges_raw.len());
@@ -188,18 +243,28 @@ impl Tokenizer {
             let (a, b) = m
                 .split_once(' ')
                 .filter(|(a, b)| !a.is_empty() && !b.is_empty() && !b.contains(' '))
-                .ok_or_else(|| bad_key("tokenizer.ggml.merges", format!("merge {m:?} is not two tokens separated by one space")))?;
+                .ok_or_else(|| {
+                    bad_key(
+                        "tokenizer.ggml.merges",
+                        format!("merge {m:?} is not two tokens separated by one space"),
+                    )
+                })?;
             merges.push((a.to_string(), b.to_string()));
         }
         let vocab: Vocab = vocab.into_iter().collect();
-        let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(tok_err)?;
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .map_err(tok_err)?;
         let mut inner = tokenizers::Tokenizer::new(bpe);
 
         let pre_name = match pre {
             GgufPreTokenizer::TransformersCompat => "gpt2",
             GgufPreTokenizer::FromMetadata => match gguf.get("tokenizer.ggml.pre") {
                 None => "gpt2",
-                Some(v) => v.as_str().ok_or_else(|| bad_key("tokenizer.ggml.pre", "expected a string"))?,
+                Some(v) => v
+                    .as_str()
+                    .ok_or_else(|| bad_key("tokenizer.ggml.pre", "expected a string"))?,
             },
         };
         inner.with_pre_tokenizer(Some(pre_tokenizer_for(pre_name)?));
@@ -209,14 +274,21 @@ impl Tokenizer {
             match gguf.get_u64(key)? {
                 None => Ok(None),
                 Some(id) if id < n as u64 => Ok(Some(id as u32)),
-                Some(id) => Err(bad_key(key, format!("token id {id} is outside the vocabulary of {n}"))),
+                Some(id) => Err(bad_key(
+                    key,
+                    format!("token id {id} is outside the vocabulary of {n}"),
+                )),
             }
         };
         let bos_token_id = id_key("tokenizer.ggml.bos_token_id")?;
         let eos_token_id = id_key("tokenizer.ggml.eos_token_id")?;
-        let add_bos_token = gguf.get_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
+        let add_bos_token = gguf
+            .get_bool("tokenizer.ggml.add_bos_token")?
+            .unwrap_or(false);
         if add_bos_token {
-            let bos = bos_token_id.ok_or_else(|| FormatError::MissingKey { key: "tokenizer.ggml.bos_token_id".into() })?;
+            let bos = bos_token_id.ok_or_else(|| FormatError::MissingKey {
+                key: "tokenizer.ggml.bos_token_id".into(),
+            })?;
             let bos_str = tokens[bos as usize].clone();
             let template = TemplateProcessing::builder()
                 .try_single(format!("{bos_str} $A"))
@@ -235,8 +307,12 @@ impl Tokenizer {
 
         if let Some(types) = &types {
             // 3 = control (special), 4 = user defined (added, not special).
-            let special: Vec<AddedToken> =
-                types.iter().zip(tokens).filter(|(t, _)| **t == 3).map(|(_, s)| AddedToken::from(s.clone(), true)).collect();
+            let special: Vec<AddedToken> = types
+                .iter()
+                .zip(tokens)
+                .filter(|(t, _)| **t == 3)
+                .map(|(_, s)| AddedToken::from(s.clone(), true))
+                .collect();
             let user: Vec<AddedToken> = types
                 .iter()
                 .zip(tokens)
@@ -249,16 +325,31 @@ impl Tokenizer {
 
         let chat_template = match gguf.get("tokenizer.chat_template") {
             None => None,
-            Some(v) => Some(v.as_str().ok_or_else(|| bad_key("tokenizer.chat_template", "expected a string"))?.to_string()),
+            Some(v) => Some(
+                v.as_str()
+                    .ok_or_else(|| bad_key("tokenizer.chat_template", "expected a string"))?
+                    .to_string(),
+            ),
         };
-        Ok(Tokenizer { inner, bos_token_id, eos_token_id, add_bos_token, chat_template })
+        Ok(Tokenizer {
+            inner,
+            bos_token_id,
+            eos_token_id,
+            add_bos_token,
+            chat_template,
+        })
     }
 
     /// Token ids of `text`. With `add_special_tokens`, the post-processor's tokens (BOS
     /// when the model adds one) are included. Special tokens written in the text (such as
     /// `<|im_start|>`) are always recognised.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        Ok(self.inner.encode(text, add_special_tokens).map_err(tok_err)?.get_ids().to_vec())
+        Ok(self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(tok_err)?
+            .get_ids()
+            .to_vec())
     }
 
     /// Text of `ids`.
@@ -299,8 +390,15 @@ impl Tokenizer {
 
     /// Render a conversation with the model's chat template (ChatML-style templates
     /// only; see [`ChatTemplate`]).
-    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let src = self.chat_template.as_deref().ok_or(FormatError::NoChatTemplate)?;
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let src = self
+            .chat_template
+            .as_deref()
+            .ok_or(FormatError::NoChatTemplate)?;
         Ok(ChatTemplate::parse(src)?.render(messages, add_generation_prompt))
     }
 
@@ -319,18 +417,30 @@ mod tests {
         let p = pre_tokenizer_for(pre).unwrap();
         let mut s = PreTokenizedString::from(text);
         p.pre_tokenize(&mut s).unwrap();
-        s.get_splits(OffsetReferential::Original, OffsetType::Byte).into_iter().map(|(s, _, _)| s.to_string()).collect()
+        s.get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(s, _, _)| s.to_string())
+            .collect()
     }
 
     #[test]
     fn pre_tokenizer_digit_rules() {
         // Hand-derived from each regex: Ġ is the byte-level form of a space.
         assert_eq!(splits("gpt2", "ab 12345"), ["ab", "Ġ12345"]);
-        assert_eq!(splits("smollm", "ab 12345"), ["ab", "Ġ", "1", "2", "3", "4", "5"]);
-        assert_eq!(splits("qwen2", "ab 12345"), ["ab", "Ġ", "1", "2", "3", "4", "5"]);
+        assert_eq!(
+            splits("smollm", "ab 12345"),
+            ["ab", "Ġ", "1", "2", "3", "4", "5"]
+        );
+        assert_eq!(
+            splits("qwen2", "ab 12345"),
+            ["ab", "Ġ", "1", "2", "3", "4", "5"]
+        );
         assert_eq!(splits("llama-bpe", "ab 12345"), ["ab", "Ġ", "123", "45"]);
         assert_eq!(splits("smollm", "x  1"), ["x", "ĠĠ", "1"]);
         assert_eq!(splits("gpt2", "x  1"), ["x", "Ġ", "Ġ1"]);
-        assert!(matches!(pre_tokenizer_for("falcon"), Err(FormatError::UnsupportedTokenizer { .. })));
+        assert!(matches!(
+            pre_tokenizer_for("falcon"),
+            Err(FormatError::UnsupportedTokenizer { .. })
+        ));
     }
 }

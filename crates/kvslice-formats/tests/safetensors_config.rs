@@ -8,11 +8,11 @@ use std::collections::HashMap;
 use half::{bf16, f16};
 use kvslice_formats::fs::open_model;
 use kvslice_formats::{
-    expected_tensors, safetensors_index_files, Architecture, FormatError, ModelConfig, RopeScaling, SafetensorsWeights,
-    WeightSource,
+    Architecture, FormatError, ModelConfig, RopeScaling, SafetensorsWeights, WeightSource,
+    expected_tensors, safetensors_index_files,
 };
-use safetensors::tensor::TensorView;
 use safetensors::Dtype;
+use safetensors::tensor::TensorView;
 
 /// A tiny llama config as transformers 5 writes it (rope_parameters).
 const LLAMA: &str = r#"{
@@ -30,8 +30,14 @@ const LLAMA: &str = r#"{
 fn llama_config_transformers5_format() {
     let c = ModelConfig::from_hf_json(LLAMA.as_bytes()).unwrap();
     assert_eq!(c.architecture, Architecture::Llama);
-    assert_eq!((c.hidden_size, c.intermediate_size, c.num_hidden_layers), (8, 12, 2));
-    assert_eq!((c.num_attention_heads, c.num_key_value_heads, c.head_dim), (2, 1, 4));
+    assert_eq!(
+        (c.hidden_size, c.intermediate_size, c.num_hidden_layers),
+        (8, 12, 2)
+    );
+    assert_eq!(
+        (c.num_attention_heads, c.num_key_value_heads, c.head_dim),
+        (2, 1, 4)
+    );
     assert_eq!(c.rope_theta, 500000.0);
     assert_eq!(
         c.rope_scaling,
@@ -44,7 +50,10 @@ fn llama_config_transformers5_format() {
     );
     assert_eq!(c.rms_norm_eps, 1e-6);
     assert_eq!((c.vocab_size, c.max_position_embeddings), (16, 128));
-    assert_eq!((c.bos_token_id, c.eos_token_ids.clone()), (Some(1), vec![2, 7]));
+    assert_eq!(
+        (c.bos_token_id, c.eos_token_ids.clone()),
+        (Some(1), vec![2, 7])
+    );
     assert!(!c.tie_word_embeddings && !c.attention_qkv_bias && !c.attention_out_bias);
     assert_eq!(c.sliding_window, None);
     assert_eq!(c.group_size(), 2);
@@ -71,7 +80,10 @@ fn legacy_keys_qwen2_and_mistral() {
     let c = ModelConfig::from_hf_json(qwen2.as_bytes()).unwrap();
     assert_eq!(c.architecture, Architecture::Qwen2);
     assert!(c.attention_qkv_bias && !c.attention_out_bias);
-    assert_eq!((c.rope_theta, c.rope_scaling, c.sliding_window), (10000.0, None, None));
+    assert_eq!(
+        (c.rope_theta, c.rope_scaling, c.sliding_window),
+        (10000.0, None, None)
+    );
     let names: Vec<String> = expected_tensors(&c).into_iter().map(|e| e.name).collect();
     assert!(names.contains(&"model.layers.1.self_attn.k_proj.bias".to_string()));
     assert!(!names.contains(&"model.layers.1.self_attn.o_proj.bias".to_string()));
@@ -81,22 +93,42 @@ fn legacy_keys_qwen2_and_mistral() {
         "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16,
         "max_position_embeddings": 512, "vocab_size": 20, "sliding_window": 128}"#;
     let c = ModelConfig::from_hf_json(mistral.as_bytes()).unwrap();
-    assert_eq!((c.architecture, c.sliding_window, c.head_dim), (Architecture::Mistral, Some(128), 16));
+    assert_eq!(
+        (c.architecture, c.sliding_window, c.head_dim),
+        (Architecture::Mistral, Some(128), 16)
+    );
 }
 
 #[test]
 fn config_errors() {
     let gpt = r#"{"model_type": "gpt2", "hidden_size": 8}"#;
-    assert!(matches!(ModelConfig::from_hf_json(gpt.as_bytes()), Err(FormatError::UnknownArchitecture { name }) if name == "gpt2"));
-    assert!(matches!(ModelConfig::from_hf_json(b"{not json"), Err(FormatError::BadConfig { .. })));
+    assert!(
+        matches!(ModelConfig::from_hf_json(gpt.as_bytes()), Err(FormatError::UnknownArchitecture { name }) if name == "gpt2")
+    );
+    assert!(matches!(
+        ModelConfig::from_hf_json(b"{not json"),
+        Err(FormatError::BadConfig { .. })
+    ));
     let missing = r#"{"model_type": "llama", "hidden_size": 8}"#;
-    assert!(matches!(ModelConfig::from_hf_json(missing.as_bytes()), Err(FormatError::BadConfig { .. })));
+    assert!(matches!(
+        ModelConfig::from_hf_json(missing.as_bytes()),
+        Err(FormatError::BadConfig { .. })
+    ));
     let bad_heads = LLAMA.replace("\"num_key_value_heads\": 1", "\"num_key_value_heads\": 3");
-    assert!(matches!(ModelConfig::from_hf_json(bad_heads.as_bytes()), Err(FormatError::BadConfig { .. })));
+    assert!(matches!(
+        ModelConfig::from_hf_json(bad_heads.as_bytes()),
+        Err(FormatError::BadConfig { .. })
+    ));
     let bad_rope = LLAMA.replace("\"llama3\"", "\"yarn\"");
-    assert!(matches!(ModelConfig::from_hf_json(bad_rope.as_bytes()), Err(FormatError::BadConfig { .. })));
+    assert!(matches!(
+        ModelConfig::from_hf_json(bad_rope.as_bytes()),
+        Err(FormatError::BadConfig { .. })
+    ));
     let huge = LLAMA.replace("\"vocab_size\": 16", "\"vocab_size\": 1000000000000");
-    assert!(matches!(ModelConfig::from_hf_json(huge.as_bytes()), Err(FormatError::BadConfig { .. })));
+    assert!(matches!(
+        ModelConfig::from_hf_json(huge.as_bytes()),
+        Err(FormatError::BadConfig { .. })
+    ));
 }
 
 /// Value of element `i` of tensor number `k`: exactly representable in f16 and bf16.
@@ -107,8 +139,14 @@ fn value(k: usize, i: usize) -> f32 {
 fn encode(dtype: Dtype, v: &[f32]) -> Vec<u8> {
     match dtype {
         Dtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Dtype::F16 => v.iter().flat_map(|x| f16::from_f32(*x).to_bits().to_le_bytes()).collect(),
-        Dtype::BF16 => v.iter().flat_map(|x| bf16::from_f32(*x).to_bits().to_le_bytes()).collect(),
+        Dtype::F16 => v
+            .iter()
+            .flat_map(|x| f16::from_f32(*x).to_bits().to_le_bytes())
+            .collect(),
+        Dtype::BF16 => v
+            .iter()
+            .flat_map(|x| bf16::from_f32(*x).to_bits().to_le_bytes())
+            .collect(),
         Dtype::I32 => v.iter().flat_map(|x| (*x as i32).to_le_bytes()).collect(),
         _ => unreachable!(),
     }
@@ -116,9 +154,14 @@ fn encode(dtype: Dtype, v: &[f32]) -> Vec<u8> {
 
 /// The config's tensors spread over `n_shards` files, dtypes cycling f32/f16/bf16.
 /// `tweak` may change a tensor's (shape, dtype).
-fn shards(cfg: &ModelConfig, n_shards: usize, tweak: impl Fn(&str, &mut Vec<usize>, &mut Dtype)) -> Vec<(String, Vec<u8>)> {
+fn shards(
+    cfg: &ModelConfig,
+    n_shards: usize,
+    tweak: impl Fn(&str, &mut Vec<usize>, &mut Dtype),
+) -> Vec<(String, Vec<u8>)> {
     let dtypes = [Dtype::F32, Dtype::F16, Dtype::BF16];
-    let mut per: Vec<Vec<(String, Vec<usize>, Dtype, Vec<u8>)>> = vec![vec![]; n_shards];
+    type Entry = (String, Vec<usize>, Dtype, Vec<u8>);
+    let mut per: Vec<Vec<Entry>> = vec![vec![]; n_shards];
     for (k, e) in expected_tensors(cfg).into_iter().enumerate() {
         let (mut shape, mut dtype) = (e.shape.clone(), dtypes[k % 3]);
         tweak(&e.name, &mut shape, &mut dtype);
@@ -129,9 +172,15 @@ fn shards(cfg: &ModelConfig, n_shards: usize, tweak: impl Fn(&str, &mut Vec<usiz
     per.into_iter()
         .enumerate()
         .map(|(i, ts)| {
-            let views: Vec<(String, TensorView<'_>)> =
-                ts.iter().map(|(n, s, d, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
-            let name = if n_shards == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n_shards:05}.safetensors", i + 1) };
+            let views: Vec<(String, TensorView<'_>)> = ts
+                .iter()
+                .map(|(n, s, d, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+                .collect();
+            let name = if n_shards == 1 {
+                "model.safetensors".to_string()
+            } else {
+                format!("model-{:05}-of-{n_shards:05}.safetensors", i + 1)
+            };
             (name, safetensors::serialize(views, None).unwrap())
         })
         .collect()
@@ -154,35 +203,54 @@ fn single_and_sharded_all_dtypes() {
 #[test]
 fn safetensors_errors() {
     let cfg = ModelConfig::from_hf_json(LLAMA.as_bytes()).unwrap();
-    let r = SafetensorsWeights::new(cfg.clone(), shards(&cfg, 1, |n, s, _| {
-        if n == "model.layers.1.mlp.up_proj.weight" {
-            *s = vec![8, 12];
-        }
-    }));
+    let r = SafetensorsWeights::new(
+        cfg.clone(),
+        shards(&cfg, 1, |n, s, _| {
+            if n == "model.layers.1.mlp.up_proj.weight" {
+                *s = vec![8, 12];
+            }
+        }),
+    );
     match r {
-        Err(FormatError::ShapeMismatch { tensor, expected, got }) => {
+        Err(FormatError::ShapeMismatch {
+            tensor,
+            expected,
+            got,
+        }) => {
             assert_eq!(tensor, "model.layers.1.mlp.up_proj.weight");
             assert_eq!((expected, got), (vec![12, 8], vec![8, 12]));
         }
         other => panic!("{other:?}"),
     }
-    let r = SafetensorsWeights::new(cfg.clone(), shards(&cfg, 1, |n, _, d| {
-        if n == "model.norm.weight" {
-            *d = Dtype::I32;
-        }
-    }));
-    assert!(matches!(r, Err(FormatError::UnsupportedDtype { tensor, dtype }) if tensor == "model.norm.weight" && dtype == "I32"));
+    let r = SafetensorsWeights::new(
+        cfg.clone(),
+        shards(&cfg, 1, |n, _, d| {
+            if n == "model.norm.weight" {
+                *d = Dtype::I32;
+            }
+        }),
+    );
+    assert!(
+        matches!(r, Err(FormatError::UnsupportedDtype { tensor, dtype }) if tensor == "model.norm.weight" && dtype == "I32")
+    );
 
     let mut s = shards(&cfg, 3, |_, _, _| {});
     s.remove(1);
-    assert!(matches!(SafetensorsWeights::new(cfg.clone(), s), Err(FormatError::MissingTensor { .. })));
+    assert!(matches!(
+        SafetensorsWeights::new(cfg.clone(), s),
+        Err(FormatError::MissingTensor { .. })
+    ));
 
     let good = shards(&cfg, 1, |_, _, _| {}).remove(0).1;
-    let bad = |bytes: Vec<u8>| SafetensorsWeights::new(cfg.clone(), vec![("x.safetensors".into(), bytes)]);
+    let bad = |bytes: Vec<u8>| {
+        SafetensorsWeights::new(cfg.clone(), vec![("x.safetensors".into(), bytes)])
+    };
     // Absurd header length.
     let mut b = good.clone();
     b[..8].copy_from_slice(&u64::MAX.to_le_bytes());
-    assert!(matches!(bad(b), Err(FormatError::BadSafetensors { file, .. }) if file == "x.safetensors"));
+    assert!(
+        matches!(bad(b), Err(FormatError::BadSafetensors { file, .. }) if file == "x.safetensors")
+    );
     let mut b = good.clone();
     b[..8].copy_from_slice(&((good.len() as u64) * 4).to_le_bytes());
     assert!(matches!(bad(b), Err(FormatError::BadSafetensors { .. })));
@@ -192,20 +260,38 @@ fn safetensors_errors() {
     assert!(matches!(bad(b), Err(FormatError::BadSafetensors { .. })));
     // Truncated at many points.
     for cut in (0..good.len()).step_by(7) {
-        assert!(matches!(bad(good[..cut].to_vec()), Err(FormatError::BadSafetensors { .. })), "cut {cut}");
+        assert!(
+            matches!(
+                bad(good[..cut].to_vec()),
+                Err(FormatError::BadSafetensors { .. })
+            ),
+            "cut {cut}"
+        );
     }
     // Duplicate tensors across shards.
     let one = shards(&cfg, 1, |_, _, _| {}).remove(0);
-    let r = SafetensorsWeights::new(cfg.clone(), vec![one.clone(), ("b.safetensors".into(), one.1)]);
+    let r = SafetensorsWeights::new(
+        cfg.clone(),
+        vec![one.clone(), ("b.safetensors".into(), one.1)],
+    );
     assert!(matches!(r, Err(FormatError::DuplicateTensor { .. })));
 }
 
 #[test]
 fn index_files() {
     let idx = br#"{"metadata": {"total_size": 10}, "weight_map": {"a": "m-2.safetensors", "b": "m-1.safetensors", "c": "m-2.safetensors"}}"#;
-    assert_eq!(safetensors_index_files(idx).unwrap(), ["m-1.safetensors", "m-2.safetensors"]);
-    assert!(matches!(safetensors_index_files(b"{}"), Err(FormatError::BadIndex { .. })));
-    assert!(matches!(safetensors_index_files(br#"{"weight_map": {"a": "../x"}}"#), Err(FormatError::BadIndex { .. })));
+    assert_eq!(
+        safetensors_index_files(idx).unwrap(),
+        ["m-1.safetensors", "m-2.safetensors"]
+    );
+    assert!(matches!(
+        safetensors_index_files(b"{}"),
+        Err(FormatError::BadIndex { .. })
+    ));
+    assert!(matches!(
+        safetensors_index_files(br#"{"weight_map": {"a": "../x"}}"#),
+        Err(FormatError::BadIndex { .. })
+    ));
 }
 
 fn temp_dir(tag: &str) -> std::path::PathBuf {
@@ -223,14 +309,23 @@ fn hf_folder_on_disk() {
     match open_model(&dir) {
         Err(FormatError::MissingFiles { files }) => {
             let all = files.join(" ");
-            assert!(all.contains("config.json") && all.contains("tokenizer.json") && all.contains("model.safetensors"), "{all}");
+            assert!(
+                all.contains("config.json")
+                    && all.contains("tokenizer.json")
+                    && all.contains("model.safetensors"),
+                "{all}"
+            );
         }
         other => panic!("{other:?}"),
     }
     std::fs::write(dir.join("config.json"), LLAMA).unwrap();
     let tiny = common::golden("tokenizer/tiny");
     std::fs::copy(tiny.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
-    std::fs::copy(tiny.join("tokenizer_config.json"), dir.join("tokenizer_config.json")).unwrap();
+    std::fs::copy(
+        tiny.join("tokenizer_config.json"),
+        dir.join("tokenizer_config.json"),
+    )
+    .unwrap();
     let sh = shards(&cfg, 2, |_, _, _| {});
     let mut map = HashMap::new();
     for (name, bytes) in &sh {
@@ -239,10 +334,16 @@ fn hf_folder_on_disk() {
             map.insert(t.to_string(), name.clone());
         }
     }
-    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::json!({"weight_map": map}).to_string()).unwrap();
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        serde_json::json!({"weight_map": map}).to_string(),
+    )
+    .unwrap();
     std::fs::write(dir.join(&sh[0].0), &sh[0].1).unwrap();
     match open_model(&dir) {
-        Err(FormatError::MissingFiles { files }) => assert_eq!(files, [dir.join(&sh[1].0).display().to_string()]),
+        Err(FormatError::MissingFiles { files }) => {
+            assert_eq!(files, [dir.join(&sh[1].0).display().to_string()])
+        }
         other => panic!("{other:?}"),
     }
     std::fs::write(dir.join(&sh[1].0), &sh[1].1).unwrap();

@@ -179,7 +179,12 @@ impl GgmlType {
     pub fn is_supported(self) -> bool {
         matches!(
             self,
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1
+            GgmlType::F32
+                | GgmlType::F16
+                | GgmlType::BF16
+                | GgmlType::Q8_0
+                | GgmlType::Q4_0
+                | GgmlType::Q4_1
         )
     }
 }
@@ -201,13 +206,16 @@ pub fn dequantize_into(
     out: &mut Vec<f32>,
 ) -> Result<()> {
     if !ty.is_supported() {
-        return Err(FormatError::UnsupportedGgmlType { tensor: tensor.to_string(), type_name: ty.name() });
+        return Err(FormatError::UnsupportedGgmlType {
+            tensor: tensor.to_string(),
+            type_name: ty.name(),
+        });
     }
     let (block, block_bytes) = ty.block_layout();
     let (block, block_bytes) = (block as usize, block_bytes as usize);
     let n_blocks = n_elements / block;
     let needed = n_blocks.checked_mul(block_bytes);
-    if n_elements % block != 0 || needed != Some(bytes.len()) {
+    if !n_elements.is_multiple_of(block) || needed != Some(bytes.len()) {
         return Err(FormatError::DataOutOfBounds {
             tensor: tensor.to_string(),
             start: 0,
@@ -217,9 +225,21 @@ pub fn dequantize_into(
     }
     out.reserve(n_elements);
     match ty {
-        GgmlType::F32 => out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
-        GgmlType::F16 => out.extend(bytes.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())),
-        GgmlType::BF16 => out.extend(bytes.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())),
+        GgmlType::F32 => out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        ),
+        GgmlType::F16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()),
+        ),
+        GgmlType::BF16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()),
+        ),
         GgmlType::Q8_0 => {
             for b in bytes.chunks_exact(34) {
                 let d = f16_at(b, 0);
@@ -294,8 +314,8 @@ mod tests {
         }
         out.clear();
         dequantize_into("t", GgmlType::Q8_0, &b, 32, &mut out).unwrap();
-        for j in 0..32 {
-            assert_eq!(out[j], 0.25 * (j as f32 * 4.0 - 64.0));
+        for (j, &x) in out.iter().enumerate() {
+            assert_eq!(x, 0.25 * (j as f32 * 4.0 - 64.0));
         }
     }
 
