@@ -61,31 +61,42 @@ pub fn open_model(path: &Path) -> Result<LoadedModel> {
     }
 }
 
-/// Open a `.gguf` model file.
-pub fn open_gguf(path: &Path) -> Result<LoadedModel> {
-    if !path.is_file() {
-        return Err(FormatError::MissingFiles {
+/// Open only the weights (and configuration) of a `.gguf` file or an HF folder; no
+/// tokenizer is needed.
+pub fn open_weights(path: &Path) -> Result<Box<dyn WeightSource + Send + Sync>> {
+    if path.is_dir() {
+        let (config, shards) = read_hf_weights(path)?;
+        Ok(Box::new(SafetensorsWeights::new(config, shards)?))
+    } else if path.is_file() {
+        Ok(Box::new(GgufWeights::new(read(path)?)?))
+    } else {
+        Err(FormatError::MissingFiles {
             files: vec![path.display().to_string()],
-        });
+        })
     }
-    let weights = GgufWeights::new(read(path)?)?;
-    let tokenizer = Tokenizer::from_gguf(weights.file())?;
-    Ok(LoadedModel {
-        format: ModelFormat::Gguf,
-        weights: Box::new(weights),
-        tokenizer,
-    })
 }
 
-/// Open an HF folder.
-pub fn open_hf_folder(dir: &Path) -> Result<LoadedModel> {
+/// config.json and the safetensors shards of an HF folder, checking that all exist.
+fn read_hf_weights(dir: &Path) -> Result<(ModelConfig, Vec<(String, Vec<u8>)>)> {
+    let (config, shards, missing) = hf_files(dir)?;
+    if !missing.is_empty() {
+        return Err(FormatError::MissingFiles { files: missing });
+    }
+    let config = ModelConfig::from_hf_json(&read(&config)?)?;
+    let shards = shards
+        .iter()
+        .map(|s| Ok((s.clone(), read(&dir.join(s))?)))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((config, shards))
+}
+
+/// (config.json path, shard names, missing files).
+fn hf_files(dir: &Path) -> Result<(PathBuf, Vec<String>, Vec<String>)> {
     let p = |name: &str| dir.join(name);
     let name = |p: &PathBuf| p.display().to_string();
     let mut missing = Vec::new();
-    for f in ["config.json", "tokenizer.json"] {
-        if !p(f).is_file() {
-            missing.push(name(&p(f)));
-        }
+    if !p("config.json").is_file() {
+        missing.push(name(&p("config.json")));
     }
     let index = p("model.safetensors.index.json");
     let shard_names = if index.is_file() {
@@ -105,16 +116,40 @@ pub fn open_hf_folder(dir: &Path) -> Result<LoadedModel> {
             missing.push(name(&p(s)));
         }
     }
+    Ok((p("config.json"), shard_names, missing))
+}
+
+/// Open a `.gguf` model file.
+pub fn open_gguf(path: &Path) -> Result<LoadedModel> {
+    if !path.is_file() {
+        return Err(FormatError::MissingFiles {
+            files: vec![path.display().to_string()],
+        });
+    }
+    let weights = GgufWeights::new(read(path)?)?;
+    let tokenizer = Tokenizer::from_gguf(weights.file())?;
+    Ok(LoadedModel {
+        format: ModelFormat::Gguf,
+        weights: Box::new(weights),
+        tokenizer,
+    })
+}
+
+/// Open an HF folder.
+pub fn open_hf_folder(dir: &Path) -> Result<LoadedModel> {
+    let (_, _, mut missing) = hf_files(dir)?;
+    if !dir.join("tokenizer.json").is_file() {
+        // After config.json, before the weights.
+        let at = usize::from(!dir.join("config.json").is_file());
+        missing.insert(at, dir.join("tokenizer.json").display().to_string());
+    }
     if !missing.is_empty() {
         return Err(FormatError::MissingFiles { files: missing });
     }
-    let config = ModelConfig::from_hf_json(&read(&p("config.json"))?)?;
-    let shards = shard_names
-        .iter()
-        .map(|s| Ok((s.clone(), read(&p(s))?)))
-        .collect::<Result<Vec<_>>>()?;
+    let (config, shards) = read_hf_weights(dir)?;
     let weights = SafetensorsWeights::new(config, shards)?;
 
+    let p = |name: &str| dir.join(name);
     let tokenizer_json = read(&p("tokenizer.json"))?;
     let tokenizer_config = p("tokenizer_config.json");
     let tokenizer_config = if tokenizer_config.is_file() {

@@ -219,6 +219,7 @@ fn tiny_llama(extra: &[(&str, V)], drop: &str, k_rows: usize) -> Vec<u8> {
     for (k, v) in extra {
         let v = match v {
             V::U32(x) => V::U32(*x),
+            V::F32(x) => V::F32(*x),
             V::Str(s) => V::Str(s.clone()),
             _ => unreachable!(),
         };
@@ -302,6 +303,31 @@ fn hand_built_llama_config_and_unpermuted_weights() {
         w.load("lm_head.weight"),
         Err(FormatError::MissingTensor { .. })
     ));
+}
+
+#[test]
+fn hand_built_qwen2_is_not_unpermuted_and_reads_rope_scaling() {
+    let mut b = tiny_llama(
+        &[
+            ("llama.rope.scaling.type", V::Str("linear".into())),
+            ("llama.rope.scaling.factor", V::F32(4.0)),
+        ],
+        "",
+        6,
+    );
+    // Same length names: every "llama" (architecture and key prefixes) becomes "qwen2".
+    while let Some(p) = b.windows(5).position(|w| w == b"llama") {
+        b[p..p + 5].copy_from_slice(b"qwen2");
+    }
+    let w = GgufWeights::new(b).unwrap();
+    assert_eq!(w.config().architecture, Architecture::Qwen2);
+    assert_eq!(
+        w.config().rope_scaling,
+        Some(kvslice_formats::RopeScaling::Linear { factor: 4.0 })
+    );
+    let q = w.load("model.layers.0.self_attn.q_proj.weight").unwrap();
+    let firsts: Vec<f32> = (0..12).map(|r| q.data[r * 12]).collect();
+    assert_eq!(firsts, (0..12).map(|r| r as f32).collect::<Vec<_>>());
 }
 
 #[test]
