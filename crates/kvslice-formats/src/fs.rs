@@ -76,8 +76,11 @@ pub fn open_weights(path: &Path) -> Result<Box<dyn WeightSource + Send + Sync>> 
     }
 }
 
+/// A safetensors file: its name and bytes.
+type Shard = (String, Vec<u8>);
+
 /// config.json and the safetensors shards of an HF folder, checking that all exist.
-fn read_hf_weights(dir: &Path) -> Result<(ModelConfig, Vec<(String, Vec<u8>)>)> {
+fn read_hf_weights(dir: &Path) -> Result<(ModelConfig, Vec<Shard>)> {
     let (config, shards, missing) = hf_files(dir)?;
     if !missing.is_empty() {
         return Err(FormatError::MissingFiles { files: missing });
