@@ -1,0 +1,261 @@
+//! CPU twins: the definition of every kernel in plain Rust, on row-major host slices, with f64
+//! accumulation. They materialise what the kernels avoid (full softmax rows, sorted score
+//! lists, a gathered copy of the cache) so that they stay obviously correct; the property
+//! tests compare each kernel against its twin.
+
+use std::cmp::Ordering;
+
+/// Window statistics on the host; every `[heads, len]` table row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostWindowStats {
+    /// `[heads, len]` mean over the window queries of `a_qj`.
+    pub mean: Vec<f64>,
+    /// `[heads, len]` unbiased variance over the window queries (0 when `w = 1`).
+    pub variance: Vec<f64>,
+    /// `[heads, len]` weights of the last query.
+    pub last: Vec<f64>,
+    /// `[heads, len]` `mean_q a_qj · ‖v_j‖`.
+    pub value_norm: Vec<f64>,
+    /// `[heads, len]` `mean_q a_qj · ⟨v_j, o_q/‖o_q‖⟩`.
+    pub projection: Vec<f64>,
+    /// `[heads]` mean over window queries of `−Σ_{j<len−w} a_qj ln(a_qj + 1e−10)`.
+    pub entropy: Vec<f64>,
+    /// `[heads]` `Σ_{j<len−w} variance_j`.
+    pub column_variance: Vec<f64>,
+}
+
+/// Twin of [`crate::window_stats`].
+///
+/// `q`: `[heads, w, d]`; `k`, `v`: `[kv_heads, cap, d]` of which the first `len` rows of each
+/// head are used; query `i` sits at position `len − w + i` and sees keys `0..=len − w + i`;
+/// scale `1/√d`.
+#[allow(clippy::too_many_arguments)]
+pub fn window_stats(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    heads: usize,
+    kv_heads: usize,
+    w: usize,
+    cap: usize,
+    len: usize,
+    d: usize,
+) -> HostWindowStats {
+    let g = heads / kv_heads;
+    let scale = 1.0 / (d as f64).sqrt();
+    let hn = heads * len;
+    let mut out = HostWindowStats {
+        mean: vec![0.0; hn],
+        variance: vec![0.0; hn],
+        last: vec![0.0; hn],
+        value_norm: vec![0.0; hn],
+        projection: vec![0.0; hn],
+        entropy: vec![0.0; heads],
+        column_variance: vec![0.0; heads],
+    };
+    let row = |t: &[f32], kh: usize, j: usize| -> Vec<f64> {
+        t[(kh * cap + j) * d..(kh * cap + j + 1) * d]
+            .iter()
+            .map(|&x| f64::from(x))
+            .collect()
+    };
+    for h in 0..heads {
+        let kh = h / g;
+        let keys: Vec<Vec<f64>> = (0..len).map(|j| row(k, kh, j)).collect();
+        let vals: Vec<Vec<f64>> = (0..len).map(|j| row(v, kh, j)).collect();
+        // a[i][j], zero where masked
+        let mut a = vec![vec![0.0f64; len]; w];
+        let mut dir = vec![vec![0.0f64; d]; w];
+        for i in 0..w {
+            let qi: Vec<f64> = q[(h * w + i) * d..(h * w + i + 1) * d]
+                .iter()
+                .map(|&x| f64::from(x))
+                .collect();
+            let visible = len - w + i + 1;
+            let s: Vec<f64> = (0..visible).map(|j| dot(&qi, &keys[j]) * scale).collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            for j in 0..visible {
+                a[i][j] = (s[j] - m).exp() / z;
+            }
+            let mut o = vec![0.0; d];
+            for j in 0..visible {
+                for c in 0..d {
+                    o[c] += a[i][j] * vals[j][c];
+                }
+            }
+            let norm = dot(&o, &o).sqrt();
+            if norm > 0.0 {
+                dir[i] = o.iter().map(|x| x / norm).collect();
+            }
+        }
+        let prefix = len - w;
+        for j in 0..len {
+            let col: Vec<f64> = (0..w).map(|i| a[i][j]).collect();
+            let mean = col.iter().sum::<f64>() / w as f64;
+            let var = if w > 1 {
+                col.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (w - 1) as f64
+            } else {
+                0.0
+            };
+            let vnorm = dot(&vals[j], &vals[j]).sqrt();
+            let proj = (0..w)
+                .map(|i| a[i][j] * dot(&vals[j], &dir[i]))
+                .sum::<f64>()
+                / w as f64;
+            let idx = h * len + j;
+            out.mean[idx] = mean;
+            out.variance[idx] = var;
+            out.last[idx] = col[w - 1];
+            out.value_norm[idx] = mean * vnorm;
+            out.projection[idx] = proj;
+            if j < prefix {
+                out.column_variance[h] += var;
+                out.entropy[h] -= col.iter().map(|&x| x * (x + 1e-10).ln()).sum::<f64>();
+            }
+        }
+        out.entropy[h] /= w as f64;
+    }
+    out
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Twin of [`crate::pool1d`]: `x` is `[rows, n]`; average (zero padding counted, divisor
+/// `kernel`) or max (padding never wins) over `|t − i| ≤ kernel/2`.
+pub fn pool1d(x: &[f32], rows: usize, n: usize, kernel: usize, max: bool) -> Vec<f64> {
+    let half = kernel / 2;
+    let mut out = vec![0.0; rows * n];
+    for r in 0..rows {
+        let xr = &x[r * n..(r + 1) * n];
+        for i in 0..n {
+            let lo = i.saturating_sub(half);
+            let hi = (i + half + 1).min(n);
+            out[r * n + i] = if max {
+                xr[lo..hi]
+                    .iter()
+                    .map(|&v| f64::from(v))
+                    .fold(f64::NEG_INFINITY, f64::max)
+            } else {
+                xr[lo..hi].iter().map(|&v| f64::from(v)).sum::<f64>() / kernel as f64
+            };
+        }
+    }
+    out
+}
+
+/// Twin of [`crate::reduce_groups`]: `[heads, n]` → `[kv_heads, n]`, mean or max over each
+/// group of `heads / kv_heads` consecutive query heads.
+pub fn reduce_groups(x: &[f32], heads: usize, kv_heads: usize, n: usize, max: bool) -> Vec<f64> {
+    let g = heads / kv_heads;
+    let mut out = vec![0.0; kv_heads * n];
+    for kh in 0..kv_heads {
+        for j in 0..n {
+            let vals = (0..g).map(|t| f64::from(x[(kh * g + t) * n + j]));
+            out[kh * n + j] = if max {
+                vals.fold(f64::NEG_INFINITY, f64::max)
+            } else {
+                vals.sum::<f64>() / g as f64
+            };
+        }
+    }
+    out
+}
+
+/// Twin of [`crate::top_k`] for one head: `scores` holds the head's `len` valid scores.
+///
+/// `k ≥ len` keeps all, `k = 0` keeps none, otherwise the protected positions (first `sinks`,
+/// last `recent`) plus the best `k − protected` others by `f32::total_cmp`, ties to the lower
+/// position; sorted ascending. The caller guarantees `k = 0 ∨ k ≥ protected`.
+pub fn top_k(scores: &[f32], k: usize, sinks: usize, recent: usize) -> Vec<u32> {
+    let len = scores.len();
+    if k >= len {
+        return (0..len as u32).collect();
+    }
+    if k == 0 {
+        return Vec::new();
+    }
+    let protected = |j: usize| j < sinks || j + recent >= len;
+    let mut kept: Vec<u32> = (0..len)
+        .filter(|&j| protected(j))
+        .map(|j| j as u32)
+        .collect();
+    let mut rest: Vec<u32> = (0..len)
+        .filter(|&j| !protected(j))
+        .map(|j| j as u32)
+        .collect();
+    rest.sort_by(
+        |&a, &b| match scores[b as usize].total_cmp(&scores[a as usize]) {
+            Ordering::Equal => a.cmp(&b),
+            o => o,
+        },
+    );
+    let extra = k - kept.len();
+    kept.extend_from_slice(&rest[..extra]);
+    kept.sort_unstable();
+    kept
+}
+
+/// Twin of [`crate::compact_in_place`] for one head: `rows` is `[cap, width]` (width = head_dim
+/// for K/V, 1 for positions); returns the head after slot `t` received row `kept[t]`, the slots
+/// past `kept.len()` unchanged.
+pub fn compact<T: Copy>(rows: &[T], width: usize, kept: &[u32]) -> Vec<T> {
+    let mut out = rows.to_vec();
+    for (t, &src) in kept.iter().enumerate() {
+        let src = src as usize;
+        out[t * width..(t + 1) * width].copy_from_slice(&rows[src * width..(src + 1) * width]);
+    }
+    out
+}
+
+/// Twin of [`crate::decode_attention`]: `q` `[heads, d]`, `k`/`v` `[kv_heads, cap, d]`, head
+/// `kh` holding `lens[kh]` slots. Returns the output `[heads, d]` and the per-slot weights
+/// `[kv_heads, cap]` averaged over each GQA group (zero past the length).
+pub fn decode_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    heads: usize,
+    kv_heads: usize,
+    cap: usize,
+    d: usize,
+    lens: &[u32],
+) -> (Vec<f64>, Vec<f64>) {
+    let g = heads / kv_heads;
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut out = vec![0.0; heads * d];
+    let mut weights = vec![0.0; kv_heads * cap];
+    for h in 0..heads {
+        let kh = h / g;
+        let len = lens[kh] as usize;
+        if len == 0 {
+            continue;
+        }
+        let qh: Vec<f64> = q[h * d..(h + 1) * d]
+            .iter()
+            .map(|&x| f64::from(x))
+            .collect();
+        let s: Vec<f64> = (0..len)
+            .map(|j| {
+                let kr = &k[(kh * cap + j) * d..(kh * cap + j + 1) * d];
+                qh.iter()
+                    .zip(kr)
+                    .map(|(a, &b)| a * f64::from(b))
+                    .sum::<f64>()
+                    * scale
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+        for j in 0..len {
+            let a = (s[j] - m).exp() / z;
+            weights[kh * cap + j] += a / g as f64;
+            for c in 0..d {
+                out[h * d + c] += a * f64::from(v[(kh * cap + j) * d + c]);
+            }
+        }
+    }
+    (out, weights)
+}

@@ -1,0 +1,295 @@
+//! The shader table: every WGSL family once, its entry points, its template values, and the
+//! portability check (naga: validate, then translate to SPIR-V, MSL, HLSL and GLSL).
+//!
+//! The files in `shaders/` are templates: `{{ name }}` placeholders take the workgroup sizes
+//! below (so the Rust dispatch arithmetic and the WGSL agree by construction) and the entry
+//! point names. Burn's template launcher runs the entry point called `main`, so rendering a
+//! kernel names its entry point `main` and gives the other entry points of the family their
+//! own names; every rendered module stays valid WGSL with all its entry points.
+
+use burn::backend::wgpu::{KernelSource, SourceTemplate};
+use burn::cubecl::prelude::KernelId;
+
+use crate::error::{KernelError, Result};
+
+/// Largest supported `head_dim` (workgroup tiles are sized for it).
+pub const MAX_HEAD_DIM: usize = 128;
+
+pub(crate) const STATS_WG_ROWS: u32 = 64;
+pub(crate) const STATS_WG_COLS: u32 = 64;
+pub(crate) const STATS_WG_HEADS: u32 = 256;
+pub(crate) const STATS_Q_TILE: u32 = 8;
+pub(crate) const REDUCE_WG: u32 = 256;
+pub(crate) const TOPK_WG: u32 = 256;
+pub(crate) const COMPACT_WG: u32 = 256;
+pub(crate) const COMPACT_PER_THREAD: u32 = 4;
+pub(crate) const APPEND_WG: u32 = 256;
+pub(crate) const DECODE_WG: u32 = 64;
+pub(crate) const DECODE_PART_LEN: u32 = 512;
+
+/// One WGSL file of `shaders/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// `window_stats.wgsl`: entries `rows`, `cols`, `heads`.
+    WindowStats,
+    /// `reduce.wgsl`: entries `pool`, `group`.
+    Reduce,
+    /// `topk.wgsl`: entry `topk`.
+    TopK,
+    /// `compact.wgsl`: entry `compact`.
+    Compact,
+    /// `append.wgsl`: entry `append`.
+    Append,
+    /// `decode.wgsl`: entries `part`, `combine`, `weights`.
+    Decode,
+}
+
+impl Family {
+    /// Every family.
+    pub const ALL: [Family; 6] = [
+        Family::WindowStats,
+        Family::Reduce,
+        Family::TopK,
+        Family::Compact,
+        Family::Append,
+        Family::Decode,
+    ];
+
+    /// File name under `shaders/`.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Family::WindowStats => "window_stats.wgsl",
+            Family::Reduce => "reduce.wgsl",
+            Family::TopK => "topk.wgsl",
+            Family::Compact => "compact.wgsl",
+            Family::Append => "append.wgsl",
+            Family::Decode => "decode.wgsl",
+        }
+    }
+
+    /// The template text.
+    pub fn template(self) -> &'static str {
+        match self {
+            Family::WindowStats => include_str!("../../../shaders/window_stats.wgsl"),
+            Family::Reduce => include_str!("../../../shaders/reduce.wgsl"),
+            Family::TopK => include_str!("../../../shaders/topk.wgsl"),
+            Family::Compact => include_str!("../../../shaders/compact.wgsl"),
+            Family::Append => include_str!("../../../shaders/append.wgsl"),
+            Family::Decode => include_str!("../../../shaders/decode.wgsl"),
+        }
+    }
+
+    /// Entry points of the family.
+    pub fn entries(self) -> &'static [&'static str] {
+        match self {
+            Family::WindowStats => &["rows", "cols", "heads"],
+            Family::Reduce => &["pool", "group"],
+            Family::TopK => &["topk"],
+            Family::Compact => &["compact"],
+            Family::Append => &["append"],
+            Family::Decode => &["part", "combine", "weights"],
+        }
+    }
+
+    fn prefix(self) -> &'static str {
+        match self {
+            Family::WindowStats => "stats",
+            Family::Reduce => "reduce",
+            Family::TopK => "topk",
+            Family::Compact => "compact",
+            Family::Append => "append",
+            Family::Decode => "decode",
+        }
+    }
+
+    fn values(self) -> Vec<(&'static str, u32)> {
+        let d_max = MAX_HEAD_DIM as u32;
+        match self {
+            Family::WindowStats => vec![
+                ("wg_rows", STATS_WG_ROWS),
+                ("wg_cols", STATS_WG_COLS),
+                ("wg_heads", STATS_WG_HEADS),
+                ("q_tile", STATS_Q_TILE),
+                ("d_max", d_max),
+            ],
+            Family::Reduce => vec![("wg", REDUCE_WG)],
+            Family::TopK => vec![("wg", TOPK_WG)],
+            Family::Compact => vec![("wg", COMPACT_WG), ("per_thread", COMPACT_PER_THREAD)],
+            Family::Append => vec![("wg", APPEND_WG)],
+            Family::Decode => vec![("wg", DECODE_WG), ("d_max", d_max)],
+        }
+    }
+
+    /// Workgroup size of an entry point (what the dispatch arithmetic divides by).
+    pub fn workgroup(self, entry: &str) -> u32 {
+        match (self, entry) {
+            (Family::WindowStats, "rows") => STATS_WG_ROWS,
+            (Family::WindowStats, "cols") => STATS_WG_COLS,
+            (Family::WindowStats, _) => STATS_WG_HEADS,
+            (Family::Reduce, _) => REDUCE_WG,
+            (Family::TopK, _) => TOPK_WG,
+            (Family::Compact, _) => COMPACT_WG,
+            (Family::Append, _) => APPEND_WG,
+            (Family::Decode, _) => DECODE_WG,
+        }
+    }
+}
+
+/// The template of `family` with entry point `entry` named `main` and every value registered.
+pub fn template(family: Family, entry: &str) -> SourceTemplate {
+    let mut t = SourceTemplate::new(family.template());
+    for (name, value) in family.values() {
+        t = t.register(name, value.to_string());
+    }
+    for &e in family.entries() {
+        let name = if e == entry {
+            "main".to_string()
+        } else {
+            format!("{}_{e}", family.prefix())
+        };
+        t = t.register(format!("entry_{e}"), name);
+    }
+    t
+}
+
+/// The WGSL module that runs for `family`/`entry`, as the device receives it.
+pub fn render(family: Family, entry: &str) -> String {
+    template(family, entry).complete()
+}
+
+/// A rendered entry point, launched through Burn's template kernel API.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WgslKernel {
+    pub family: Family,
+    pub entry: &'static str,
+}
+
+impl KernelSource for WgslKernel {
+    fn source(&self) -> SourceTemplate {
+        template(self.family, self.entry)
+    }
+
+    fn id(&self) -> KernelId {
+        KernelId::new::<Self>().info((self.family, self.entry))
+    }
+
+    fn lang(&self) -> &'static str {
+        "wgsl"
+    }
+}
+
+/// Sizes of one module's translations (SPIR-V words, characters of MSL, HLSL and GLSL).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Translations {
+    /// SPIR-V words.
+    pub spirv_words: usize,
+    /// Metal Shading Language characters.
+    pub msl_chars: usize,
+    /// HLSL (shader model 5.1) characters.
+    pub hlsl_chars: usize,
+    /// GLSL ES 3.10 compute characters.
+    pub glsl_chars: usize,
+}
+
+/// The portability check of one entry point.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Portability {
+    /// Family of the entry point.
+    pub family: Family,
+    /// Entry point.
+    pub entry: &'static str,
+    /// What it translated to.
+    pub translations: Translations,
+}
+
+/// Parses and validates every entry point of every family with naga and translates it to
+/// SPIR-V, MSL, HLSL and GLSL: the portability check for GPUs that are not at hand.
+pub fn check_all() -> Result<Vec<Portability>> {
+    let mut out = Vec::new();
+    for family in Family::ALL {
+        for &entry in family.entries() {
+            let name = format!("{}/{entry}", family.file_name());
+            let translations = check_source(&name, &render(family, entry))?;
+            out.push(Portability {
+                family,
+                entry,
+                translations,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Validates a WGSL module whose compute entry point is `main` and translates it to SPIR-V,
+/// MSL, HLSL and GLSL ES 3.10; `kernel` names it in errors.
+pub fn check_source(kernel: &str, source: &str) -> Result<Translations> {
+    use naga::back::{glsl, hlsl, msl, spv};
+    use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+    let fail = |stage: &'static str, message: String| KernelError::Shader {
+        kernel: kernel.to_string(),
+        stage,
+        message,
+    };
+    if source.contains("{{") {
+        return Err(fail("template", "unfilled placeholder".into()));
+    }
+    let module = naga::front::wgsl::parse_str(source)
+        .map_err(|e| fail("parse", e.emit_to_string(source)))?;
+    let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
+        .validate(&module)
+        .map_err(|e| fail("validate", e.emit_to_string(source)))?;
+
+    let spirv = spv::write_vec(&module, &info, &spv::Options::default(), None)
+        .map_err(|e| fail("spirv", e.to_string()))?;
+
+    let (msl_src, _) = msl::write_string(
+        &module,
+        &info,
+        &msl::Options::default(),
+        &msl::PipelineOptions::default(),
+    )
+    .map_err(|e| fail("msl", e.to_string()))?;
+
+    let mut hlsl_src = String::new();
+    let hlsl_options = hlsl::Options::default();
+    hlsl::Writer::new(
+        &mut hlsl_src,
+        &hlsl_options,
+        &hlsl::PipelineOptions::default(),
+    )
+    .write(&module, &info, None)
+    .map_err(|e| fail("hlsl", e.to_string()))?;
+
+    let mut glsl_src = String::new();
+    let glsl_options = glsl::Options {
+        version: glsl::Version::Embedded {
+            version: 310,
+            is_webgl: false,
+        },
+        ..glsl::Options::default()
+    };
+    let pipeline = glsl::PipelineOptions {
+        shader_stage: naga::ShaderStage::Compute,
+        entry_point: "main".into(),
+        multiview: None,
+    };
+    glsl::Writer::new(
+        &mut glsl_src,
+        &module,
+        &info,
+        &glsl_options,
+        &pipeline,
+        naga::proc::BoundsCheckPolicies::default(),
+    )
+    .map_err(|e| fail("glsl", e.to_string()))?
+    .write()
+    .map_err(|e| fail("glsl", e.to_string()))?;
+
+    Ok(Translations {
+        spirv_words: spirv.len(),
+        msl_chars: msl_src.len(),
+        hlsl_chars: hlsl_src.len(),
+        glsl_chars: glsl_src.len(),
+    })
+}

@@ -1,0 +1,107 @@
+//! Shared helpers of the GPU tests: the wgpu device (lavapipe in CI), deterministic random
+//! data, uploads, read-backs and the tolerance check.
+
+use burn::tensor::{Device, DeviceKind, Int, Tensor, TensorData};
+
+/// The wgpu device. There is no fallback: without an adapter the tests fail.
+pub fn device() -> Device {
+    Device::wgpu(DeviceKind::DefaultDevice)
+}
+
+/// SplitMix64: deterministic values from a proptest-chosen seed.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x9e37_79b9_7f4a_7c15)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn unit(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    pub fn vec(&mut self, len: usize, amplitude: f32) -> Vec<f32> {
+        (0..len).map(|_| self.unit() * amplitude).collect()
+    }
+
+    /// A sorted random subset of `0..len` with `count` elements.
+    pub fn subset(&mut self, len: usize, count: usize) -> Vec<u32> {
+        let mut all: Vec<u32> = (0..len as u32).collect();
+        for i in 0..count {
+            let j = i + self.below(len - i);
+            all.swap(i, j);
+        }
+        let mut s = all[..count].to_vec();
+        s.sort_unstable();
+        s
+    }
+}
+
+pub fn f3(data: Vec<f32>, shape: [usize; 3], dev: &Device) -> Tensor<3> {
+    Tensor::from_data(TensorData::new(data, shape), dev)
+}
+
+pub fn f2(data: Vec<f32>, shape: [usize; 2], dev: &Device) -> Tensor<2> {
+    Tensor::from_data(TensorData::new(data, shape), dev)
+}
+
+pub fn i2(data: Vec<i32>, shape: [usize; 2], dev: &Device) -> Tensor<2, Int> {
+    Tensor::from_data(TensorData::new(data, shape), dev)
+}
+
+pub fn read<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().try_to_vec::<f32>().expect("f32 read-back")
+}
+
+pub fn read_u32<const D: usize>(t: Tensor<D, Int>) -> Vec<u32> {
+    t.into_data_as::<u32>()
+        .try_to_vec::<u32>()
+        .expect("u32 read-back")
+}
+
+pub fn read_i32<const D: usize>(t: Tensor<D, Int>) -> Vec<i32> {
+    t.into_data_as::<i32>()
+        .try_to_vec::<i32>()
+        .expect("i32 read-back")
+}
+
+/// `|got − want| ≤ rtol·|want| + atol·scale` element-wise, where `scale` is the largest
+/// `|want|` of the array (near-zero entries are judged against the array's magnitude).
+pub fn assert_close(what: &str, got: &[f32], want: &[f64], rtol: f64, atol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want
+        .iter()
+        .fold(0.0f64, |m, x| m.max(x.abs()))
+        .max(f64::MIN_POSITIVE);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (f64::from(g) - w).abs();
+        let bound = rtol * w.abs() + atol * scale;
+        assert!(
+            err <= bound,
+            "{what}[{i}]: got {g}, want {w}, |err| {err:e} > bound {bound:e} (rtol {rtol:e}, atol {atol:e} × scale {scale:e})"
+        );
+    }
+}
+
+/// Proptest settings for GPU cases: few cases, short shrinking (each case runs kernels).
+pub fn gpu_config(cases: u32) -> proptest::test_runner::Config {
+    proptest::test_runner::Config {
+        cases,
+        max_shrink_iters: 16,
+        failure_persistence: None,
+        ..Default::default()
+    }
+}

@@ -1,0 +1,12 @@
+//! Kernel tests: shader portability (naga), then every kernel against its CPU twin and
+//! hand-computed cases on the wgpu device (lavapipe in CI), and the typed errors.
+//! One test binary, so the Burn stack is linked once.
+
+mod common;
+mod compact;
+mod decode;
+mod errors;
+mod reduce;
+mod shaders;
+mod stats;
+mod topk;

@@ -1,0 +1,69 @@
+//! Every entry point of every shader validates with naga and translates to SPIR-V, MSL, HLSL
+//! and GLSL; the rendered workgroup sizes are the ones the dispatch arithmetic uses.
+
+use kvslice_kernels::shader::{self, Family};
+
+#[test]
+fn every_entry_point_validates_and_translates() {
+    let reports = shader::check_all().unwrap_or_else(|e| panic!("{e}"));
+    let expected: usize = Family::ALL.iter().map(|f| f.entries().len()).sum();
+    assert_eq!(reports.len(), expected);
+    for r in &reports {
+        let t = &r.translations;
+        assert!(t.spirv_words > 5, "{r:?}");
+        assert!(
+            t.msl_chars > 0 && t.hlsl_chars > 0 && t.glsl_chars > 0,
+            "{r:?}"
+        );
+    }
+}
+
+#[test]
+fn rendered_entry_point_is_main_with_the_dispatch_workgroup_size() {
+    for family in Family::ALL {
+        for &entry in family.entries() {
+            let source = shader::render(family, entry);
+            assert!(
+                !source.contains("{{"),
+                "{family:?}/{entry}: unfilled placeholder"
+            );
+            let module = naga::front::wgsl::parse_str(&source).expect("parses");
+            let computes: Vec<_> = module
+                .entry_points
+                .iter()
+                .filter(|e| e.stage == naga::ShaderStage::Compute)
+                .collect();
+            assert_eq!(
+                computes.len(),
+                family.entries().len(),
+                "{family:?}: every entry point stays in the module"
+            );
+            let main = computes
+                .iter()
+                .find(|e| e.name == "main")
+                .expect("an entry point named main");
+            assert_eq!(
+                main.workgroup_size,
+                [family.workgroup(entry), 1, 1],
+                "{family:?}/{entry}"
+            );
+        }
+    }
+}
+
+#[test]
+fn broken_modules_are_refused_with_their_stage() {
+    use kvslice_kernels::KernelError;
+    let stage = |source: &str| match shader::check_source("probe", source) {
+        Err(KernelError::Shader { stage, .. }) => stage,
+        other => panic!("expected a shader error, got {other:?}"),
+    };
+    assert_eq!(stage("@compute @workgroup_size(1) fn main( {"), "parse");
+    // Parses, but stores into a read-only buffer.
+    let read_only_store = "@group(0) @binding(0) var<storage, read> a: array<u32>;\n\
+                           @compute @workgroup_size(64) fn main(@builtin(local_invocation_index) i: u32) { a[i] = 1u; }";
+    assert_eq!(stage(read_only_store), "validate");
+    assert_eq!(stage("{{ entry }}"), "template");
+    let fine = "@compute @workgroup_size(1) fn main() {}";
+    assert!(shader::check_source("probe", fine).is_ok());
+}
