@@ -1,0 +1,316 @@
+//! KV storage for one sequence: per layer, preallocated key and value tensors of shape
+//! `[kv_heads, capacity, head_dim]`, with per-head lengths and per-slot source positions kept
+//! beside the tensors (metadata apart from storage).
+//!
+//! Keys are stored *after* RoPE, so a slot's content does not depend on where it sits: eviction
+//! can move rows (compaction) or overwrite a slot with a new token (slot reuse) without touching
+//! the other entries. Appends write in place into the preallocated storage; no tensor is
+//! concatenated per token.
+//!
+//! # Invariants (verified by [`LayerKv::check`]; metadata replacements are validated first)
+//! - `lens[h] <= capacity` for every head;
+//! - `positions[h * capacity + s]` is the source position of slot `s` of head `h` for
+//!   `s < lens[h]`, and [`EMPTY_SLOT`] beyond;
+//! - within a head, occupied slots hold distinct source positions.
+
+use burn::tensor::{Device, Tensor};
+
+/// Source position stored for slots that hold nothing.
+pub const EMPTY_SLOT: u32 = u32::MAX;
+
+/// Errors of the cache, raised before any device work.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CacheError {
+    #[error("layer {layer} out of range (the cache has {layers} layers)")]
+    LayerOutOfRange { layer: usize, layers: usize },
+    #[error("cache full: head {head} of layer {layer} holds {len} of {capacity} slots, {requested} more requested")]
+    Full { layer: usize, head: usize, len: usize, capacity: usize, requested: usize },
+    #[error("shape mismatch for {what}: expected {expected:?}, got {got:?}")]
+    ShapeMismatch { what: &'static str, expected: Vec<usize>, got: Vec<usize> },
+    #[error("invalid cache geometry: {0}")]
+    Geometry(String),
+    #[error("keep list for head {head}: {reason}")]
+    BadKeep { head: usize, reason: String },
+}
+
+/// Result alias of this crate.
+pub type Result<T> = std::result::Result<T, CacheError>;
+
+/// Shape of a cache: every layer has the same geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheGeometry {
+    pub layers: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Slots per KV head.
+    pub capacity: usize,
+}
+
+impl CacheGeometry {
+    /// Bytes of K and V storage for the whole cache at f32.
+    pub fn bytes(&self) -> usize {
+        2 * self.layers * self.kv_heads * self.capacity * self.head_dim * 4
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.layers == 0 || self.kv_heads == 0 || self.head_dim == 0 || self.capacity == 0 {
+            return Err(CacheError::Geometry(format!("every dimension must be non-zero: {self:?}")));
+        }
+        let elems = self
+            .kv_heads
+            .checked_mul(self.capacity)
+            .and_then(|x| x.checked_mul(self.head_dim))
+            .ok_or_else(|| CacheError::Geometry(format!("size overflows: {self:?}")))?;
+        if elems > (u32::MAX as usize) {
+            return Err(CacheError::Geometry(format!(
+                "one layer would hold {elems} elements, more than a GPU buffer can index"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Keys and values of one layer.
+#[derive(Debug, Clone)]
+pub struct LayerKv {
+    /// `[kv_heads, capacity, head_dim]`, keys after RoPE.
+    keys: Tensor<3>,
+    /// `[kv_heads, capacity, head_dim]`.
+    values: Tensor<3>,
+    /// Occupied slots per head (slots `0..lens[h]`).
+    lens: Vec<usize>,
+    /// `[kv_heads * capacity]` source position of each slot, [`EMPTY_SLOT`] when free.
+    positions: Vec<u32>,
+    kv_heads: usize,
+    capacity: usize,
+    head_dim: usize,
+}
+
+impl LayerKv {
+    fn new(geometry: &CacheGeometry, device: &Device) -> Self {
+        let shape = [geometry.kv_heads, geometry.capacity, geometry.head_dim];
+        Self {
+            keys: Tensor::zeros(shape, device),
+            values: Tensor::zeros(shape, device),
+            lens: vec![0; geometry.kv_heads],
+            positions: vec![EMPTY_SLOT; geometry.kv_heads * geometry.capacity],
+            kv_heads: geometry.kv_heads,
+            capacity: geometry.capacity,
+            head_dim: geometry.head_dim,
+        }
+    }
+
+    /// Occupied slots per KV head.
+    pub fn lens(&self) -> &[usize] {
+        &self.lens
+    }
+
+    /// The largest per-head length: attention reads slots `0..max_len()`.
+    pub fn max_len(&self) -> usize {
+        self.lens.iter().copied().max().unwrap_or(0)
+    }
+
+    /// Source positions of head `head`'s occupied slots, in slot order.
+    pub fn head_positions(&self, head: usize) -> &[u32] {
+        let start = head * self.capacity;
+        &self.positions[start..start + self.lens[head]]
+    }
+
+    /// Source positions of every slot, `[kv_heads * capacity]`, [`EMPTY_SLOT`] when free.
+    pub fn positions(&self) -> &[u32] {
+        &self.positions
+    }
+
+    /// Full storage tensors `([kv_heads, capacity, head_dim], [kv_heads, capacity, head_dim])`.
+    pub fn storage(&self) -> (&Tensor<3>, &Tensor<3>) {
+        (&self.keys, &self.values)
+    }
+
+    /// Mutable storage, for kernels that rewrite the cache in place (compaction). The caller
+    /// must follow up with [`LayerKv::set_metadata`].
+    pub fn storage_mut(&mut self) -> (&mut Tensor<3>, &mut Tensor<3>) {
+        (&mut self.keys, &mut self.values)
+    }
+
+    /// Keys and values of slots `0..max_len()`: `[kv_heads, max_len, head_dim]` each.
+    pub fn view(&self) -> (Tensor<3>, Tensor<3>) {
+        let len = self.max_len();
+        (
+            self.keys.clone().narrow(1, 0, len),
+            self.values.clone().narrow(1, 0, len),
+        )
+    }
+
+    /// Appends `n` tokens to every head. `keys`/`values`: `[kv_heads, n, head_dim]`;
+    /// `positions`: the `n` source positions. Heads of different lengths each append at their
+    /// own end. Writes in place into the preallocated storage.
+    pub fn append(
+        &mut self,
+        layer: usize,
+        keys: Tensor<3>,
+        values: Tensor<3>,
+        positions: &[u32],
+    ) -> Result<()> {
+        let n = positions.len();
+        let expected = vec![self.kv_heads, n, self.head_dim];
+        for (what, t) in [("keys", &keys), ("values", &values)] {
+            let got = t.dims().to_vec();
+            if got != expected {
+                return Err(CacheError::ShapeMismatch { what, expected: expected.clone(), got });
+            }
+        }
+        for (head, &len) in self.lens.iter().enumerate() {
+            if len + n > self.capacity {
+                return Err(CacheError::Full { layer, head, len, capacity: self.capacity, requested: n });
+            }
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let d = self.head_dim;
+        let uniform = self.lens.iter().all(|&l| l == self.lens[0]);
+        if uniform {
+            let at = self.lens[0];
+            let range = [0..self.kv_heads, at..at + n, 0..d];
+            self.keys = self.keys.clone().slice_assign(range.clone(), keys);
+            self.values = self.values.clone().slice_assign(range, values);
+        } else {
+            for h in 0..self.kv_heads {
+                let at = self.lens[h];
+                let range = [h..h + 1, at..at + n, 0..d];
+                self.keys = self.keys.clone().slice_assign(range.clone(), keys.clone().narrow(0, h, 1));
+                self.values =
+                    self.values.clone().slice_assign(range, values.clone().narrow(0, h, 1));
+            }
+        }
+        for h in 0..self.kv_heads {
+            let at = h * self.capacity + self.lens[h];
+            self.positions[at..at + n].copy_from_slice(positions);
+            self.lens[h] += n;
+        }
+        Ok(())
+    }
+
+    /// Replaces the metadata after a kernel rewrote the storage: `lens[h]` and, per head, the
+    /// source positions of slots `0..lens[h]`.
+    pub fn set_metadata(&mut self, lens: Vec<usize>, head_positions: Vec<Vec<u32>>) -> Result<()> {
+        if lens.len() != self.kv_heads || head_positions.len() != self.kv_heads {
+            return Err(CacheError::ShapeMismatch {
+                what: "per-head metadata",
+                expected: vec![self.kv_heads],
+                got: vec![lens.len(), head_positions.len()],
+            });
+        }
+        for (h, (len, pos)) in lens.iter().zip(&head_positions).enumerate() {
+            if *len > self.capacity || pos.len() != *len {
+                return Err(CacheError::BadKeep {
+                    head: h,
+                    reason: format!("length {len}, {} positions, capacity {}", pos.len(), self.capacity),
+                });
+            }
+        }
+        for (h, pos) in head_positions.iter().enumerate() {
+            let mut sorted = pos.clone();
+            sorted.sort_unstable();
+            if sorted.windows(2).any(|w| w[0] == w[1]) || sorted.last() == Some(&EMPTY_SLOT) {
+                return Err(CacheError::BadKeep { head: h, reason: "duplicate or empty source position".into() });
+            }
+        }
+        self.positions.fill(EMPTY_SLOT);
+        for (h, pos) in head_positions.iter().enumerate() {
+            let at = h * self.capacity;
+            self.positions[at..at + pos.len()].copy_from_slice(pos);
+        }
+        self.lens = lens;
+        debug_assert!(self.check().is_ok());
+        Ok(())
+    }
+
+    /// Verifies the invariants listed in the crate docs.
+    pub fn check(&self) -> Result<()> {
+        for h in 0..self.kv_heads {
+            let len = self.lens[h];
+            if len > self.capacity {
+                return Err(CacheError::BadKeep { head: h, reason: format!("length {len} past capacity") });
+            }
+            let slots = &self.positions[h * self.capacity..(h + 1) * self.capacity];
+            if slots[..len].contains(&EMPTY_SLOT) || slots[len..].iter().any(|&p| p != EMPTY_SLOT) {
+                return Err(CacheError::BadKeep { head: h, reason: "occupancy disagrees with length".into() });
+            }
+            let mut seen: Vec<u32> = slots[..len].to_vec();
+            seen.sort_unstable();
+            if seen.windows(2).any(|w| w[0] == w[1]) {
+                return Err(CacheError::BadKeep { head: h, reason: "duplicate source position".into() });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the model needs from a cache: append a layer's new keys/values, then read the layer
+/// back for attention. The model never knows about eviction.
+pub trait KvStore {
+    /// Appends `[kv_heads, n, head_dim]` keys and values at the given source positions.
+    fn append(&mut self, layer: usize, keys: Tensor<3>, values: Tensor<3>, positions: &[u32]) -> Result<()>;
+    /// The layer's contents.
+    fn layer(&self, layer: usize) -> Result<&LayerKv>;
+}
+
+/// The KV cache of one sequence.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    geometry: CacheGeometry,
+    layers: Vec<LayerKv>,
+}
+
+impl KvCache {
+    /// Preallocates `capacity` slots per KV head in every layer.
+    pub fn new(geometry: CacheGeometry, device: &Device) -> Result<Self> {
+        geometry.validate()?;
+        let layers = (0..geometry.layers).map(|_| LayerKv::new(&geometry, device)).collect();
+        Ok(Self { geometry, layers })
+    }
+
+    pub fn geometry(&self) -> CacheGeometry {
+        self.geometry
+    }
+
+    /// Tokens held by the fullest head of any layer.
+    pub fn max_len(&self) -> usize {
+        self.layers.iter().map(LayerKv::max_len).max().unwrap_or(0)
+    }
+
+    /// Occupied slots summed over layers and heads.
+    pub fn occupied_slots(&self) -> usize {
+        self.layers.iter().map(|l| l.lens.iter().sum::<usize>()).sum()
+    }
+
+    /// Bytes of K/V storage occupied by live entries (f32).
+    pub fn occupied_bytes(&self) -> usize {
+        self.occupied_slots() * self.geometry.head_dim * 2 * 4
+    }
+
+    pub fn layer_mut(&mut self, layer: usize) -> Result<&mut LayerKv> {
+        let layers = self.layers.len();
+        self.layers.get_mut(layer).ok_or(CacheError::LayerOutOfRange { layer, layers })
+    }
+
+    /// Empties every head of every layer (storage is kept for reuse).
+    pub fn clear(&mut self) {
+        for l in &mut self.layers {
+            l.lens.fill(0);
+            l.positions.fill(EMPTY_SLOT);
+        }
+    }
+}
+
+impl KvStore for KvCache {
+    fn append(&mut self, layer: usize, keys: Tensor<3>, values: Tensor<3>, positions: &[u32]) -> Result<()> {
+        self.layer_mut(layer)?.append(layer, keys, values, positions)
+    }
+
+    fn layer(&self, layer: usize) -> Result<&LayerKv> {
+        let layers = self.layers.len();
+        self.layers.get(layer).ok_or(CacheError::LayerOutOfRange { layer, layers })
+    }
+}

@@ -1,0 +1,88 @@
+//! `kvslice bench`: prefill and decode speed on the chosen device. One process measures every
+//! figure, so ratios between them are meaningful on a noisy machine.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use kvslice_runtime::{Session, read_f32};
+
+use crate::ModelArgs;
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt lengths to prefill.
+    #[arg(long, value_delimiter = ',', default_value = "512,2048")]
+    prefill: Vec<usize>,
+    /// Context depths at which decoding is timed.
+    #[arg(long, value_delimiter = ',', default_value = "16,4096")]
+    decode_depth: Vec<usize>,
+    /// Decode steps timed at each depth.
+    #[arg(long, default_value_t = 16)]
+    decode_steps: usize,
+    /// Repetitions of each measurement (the best is reported).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+}
+
+/// Deterministic pseudo-random token ids in the ordinary-text range of the vocabulary.
+fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let lo = 256.min(vocab / 2) as u64;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (lo + (s >> 33) % (vocab as u64 - lo)) as u32
+        })
+        .collect()
+}
+
+pub fn run(args: BenchArgs, verbose: bool) -> Result<()> {
+    let loaded = crate::open(&args.model, verbose)?;
+    let model = &loaded.model;
+    let vocab = model.config.vocab_size;
+    let repeat = args.repeat.max(1);
+    // Warm-up: compile the kernels once.
+    {
+        let mut s = Session::new(model, 64)?;
+        pollster::block_on(s.next_logits(&tokens(32, vocab, 1)))?;
+        pollster::block_on(s.next_logits(&[5]))?;
+    }
+    println!("| measurement | tokens | seconds | tok/s |");
+    println!("|---|---|---|---|");
+    for &n in &args.prefill {
+        let mut best = f64::INFINITY;
+        for r in 0..repeat {
+            let ids = tokens(n, vocab, 10 + r as u64);
+            let mut s = Session::new(model, n)?;
+            let t = Instant::now();
+            pollster::block_on(s.next_logits(&ids))?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        println!("| prefill | {n} | {best:.3} | {:.1} |", n as f64 / best);
+    }
+    for &depth in &args.decode_depth {
+        let mut best = f64::INFINITY;
+        for r in 0..repeat {
+            let ids = tokens(depth, vocab, 20 + r as u64);
+            let mut s = Session::new(model, depth + args.decode_steps + 1)?;
+            let hidden = s.feed(&ids)?;
+            pollster::block_on(read_f32(hidden.narrow(0, depth - 1, 1)))?;
+            let steps = tokens(args.decode_steps, vocab, 30);
+            let t = Instant::now();
+            for &tok in &steps {
+                pollster::block_on(s.next_logits(&[tok]))?;
+            }
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let per = best / args.decode_steps as f64;
+        println!(
+            "| decode at depth {depth} | {} | {best:.3} | {:.1} ({:.1} ms/token) |",
+            args.decode_steps,
+            1.0 / per,
+            per * 1e3
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! The `kvslice` command-line tool.
+
+mod bench;
+mod fetch;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use kvslice_runtime::{DeviceChoice, GenerateOptions, LoadedModel, Sampler, Session, init_device};
+
+#[derive(Parser)]
+#[command(name = "kvslice", version, about = "LLM inference with adaptive KV-cache eviction, on any GPU WebGPU reaches")]
+struct Cli {
+    /// Print the adapter and loading details on stderr.
+    #[arg(short, long, global = true)]
+    verbose: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Clone)]
+struct ModelArgs {
+    /// An HF model folder or a .gguf file; default: the fetched SmolLM2-135M-Instruct.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// `wgpu` (default; `wgpu:vulkan|metal|dx12|gl` pins the API) or `cpu`.
+    #[arg(long, default_value = "wgpu")]
+    device: String,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Download the default model (SmolLM2-135M-Instruct) into the cache folder.
+    Fetch {
+        /// Download again even if the model is present.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Generate text from a prompt, streamed to stdout.
+    Generate {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[arg(long)]
+        prompt: String,
+        /// Wrap the prompt in the model's chat template as one user message.
+        #[arg(long)]
+        chat: bool,
+        #[arg(long, default_value_t = 64)]
+        max_new_tokens: usize,
+        /// 0 = greedy.
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+    /// Print the prompt's token ids and the top-K logits of its last position as JSON.
+    Logits {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[arg(long)]
+        text: String,
+        #[arg(long, default_value_t = 20)]
+        top: usize,
+    },
+    /// Measure prefill and decode speed.
+    Bench(bench::BenchArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Fetch { force } => {
+            let path = fetch::fetch(force, false)?;
+            println!("{}", path.display());
+            Ok(())
+        }
+        Command::Generate { model, prompt, chat, max_new_tokens, temperature, top_p, seed } => {
+            let loaded = open(&model, cli.verbose)?;
+            let sampler = Sampler::new(temperature, top_p, seed).map_err(anyhow::Error::msg)?;
+            let ids = loaded.encode_prompt(&prompt, chat)?;
+            let mut session = Session::new(&loaded.model, ids.len() + max_new_tokens)?;
+            let options = GenerateOptions { max_new_tokens, sampler, stop_tokens: loaded.stop_tokens() };
+            let mut printed = String::new();
+            let mut generated = Vec::new();
+            let mut stdout = std::io::stdout();
+            let mut stream_err = None;
+            let (_, stats) = pollster::block_on(session.generate(&ids, &options, |token| {
+                generated.push(token);
+                if options.stop_tokens.contains(&token) {
+                    return false;
+                }
+                match loaded.decode(&generated) {
+                    // Print only whole characters: a token may end inside a UTF-8 sequence.
+                    Ok(text) if !text.ends_with('\u{FFFD}') && text.len() >= printed.len() && text.starts_with(printed.as_str()) => {
+                        let _ = stdout.write_all(text[printed.len()..].as_bytes());
+                        let _ = stdout.flush();
+                        printed = text;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        stream_err = Some(e);
+                        return false;
+                    }
+                }
+                true
+            }))?;
+            if let Some(e) = stream_err {
+                return Err(e.into());
+            }
+            let text = loaded.decode(generated.iter().copied().filter(|t| !options.stop_tokens.contains(t)).collect::<Vec<_>>().as_slice())?;
+            if let Some(rest) = text.strip_prefix(printed.as_str()) {
+                print!("{rest}");
+            }
+            println!();
+            eprintln!("{stats}");
+            Ok(())
+        }
+        Command::Logits { model, text, top } => {
+            let loaded = open(&model, cli.verbose)?;
+            let ids = loaded.encode_prompt(&text, false)?;
+            let mut session = Session::new(&loaded.model, ids.len())?;
+            let logits = pollster::block_on(session.next_logits(&ids))?;
+            let top = top_k(&logits, top);
+            let json = serde_json::json!({
+                "tokens": ids,
+                "top": top.iter().map(|&(id, l)| serde_json::json!([id, l])).collect::<Vec<_>>(),
+            });
+            println!("{json}");
+            Ok(())
+        }
+        Command::Bench(args) => bench::run(args, cli.verbose),
+    }
+}
+
+/// Opens the model on the chosen device.
+fn open(args: &ModelArgs, verbose: bool) -> Result<LoadedModel> {
+    let choice: DeviceChoice = args.device.parse()?;
+    let path = match &args.model {
+        Some(p) => p.clone(),
+        None => {
+            let p = fetch::default_model_path()?;
+            if !p.exists() {
+                anyhow::bail!("no --model given and the default model is not fetched yet: run `kvslice fetch`");
+            }
+            p
+        }
+    };
+    let (device, info) = pollster::block_on(init_device(choice))?;
+    if verbose {
+        eprintln!("device: {info}");
+    }
+    let t0 = std::time::Instant::now();
+    let loaded = LoadedModel::open(&path, &device).with_context(|| format!("loading {}", path.display()))?;
+    if verbose {
+        let c = &loaded.model.config;
+        eprintln!(
+            "model: {} ({:?}, {} layers, {} heads, {} kv heads, head_dim {}, vocab {}, {:.1}M parameters) loaded in {:.1}s",
+            path.display(),
+            c.architecture,
+            c.num_layers,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.vocab_size,
+            c.num_parameters() as f64 / 1e6,
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    Ok(loaded)
+}
+
+/// The `k` largest logits, highest first; ties by lower id.
+fn top_k(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+    idx.truncate(k);
+    idx.into_iter().map(|i| (i, logits[i as usize])).collect()
+}

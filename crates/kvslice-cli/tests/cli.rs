@@ -1,0 +1,111 @@
+//! The `kvslice` binary: output formats other tools rely on, and one-line errors for bad input.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn kvslice(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvslice")).args(args).output().expect("run kvslice")
+}
+
+fn golden(relative: &str) -> serde_json::Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden").join(relative);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn default_model() -> String {
+    let p = kvslice_model_path();
+    assert!(p.is_file(), "{} missing: run `kvslice fetch`", p.display());
+    p.display().to_string()
+}
+
+fn kvslice_model_path() -> PathBuf {
+    let out = kvslice(&["fetch"]);
+    assert!(out.status.success(), "fetch: {}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+fn one_line_error(out: &Output) -> String {
+    assert!(!out.status.success(), "expected failure, got success: {}", String::from_utf8_lossy(&out.stdout));
+    let err = String::from_utf8(out.stderr.clone()).unwrap();
+    assert!(!err.contains("panicked"), "panic: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line expected: {err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    lines[0].to_string()
+}
+
+#[test]
+fn logits_prints_tokens_and_top_k_as_json() {
+    let model = default_model();
+    let g = golden("smollm2/logits.json");
+    let case = &g["cases"][0];
+    let text = case["text"].as_str().unwrap();
+    let out = kvslice(&["logits", "--model", &model, "--text", text, "--top", "5", "--device", "cpu"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["tokens"], case["token_ids"]);
+    let top = json["top"].as_array().unwrap();
+    assert_eq!(top.len(), 5);
+    let want = case["positions"].as_array().unwrap().last().unwrap()["top"].as_array().unwrap();
+    for (got, want) in top.iter().zip(want) {
+        assert_eq!(got[0], want[0]);
+        assert!((got[1].as_f64().unwrap() - want[1].as_f64().unwrap()).abs() < 1e-2, "{got} vs {want}");
+    }
+}
+
+#[test]
+fn generate_streams_text_and_reports_speed() {
+    let model = default_model();
+    let out = kvslice(&[
+        "generate", "--model", &model, "--chat", "--prompt", "What is the capital of France? Answer in one sentence.",
+        "--max-new-tokens", "12",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    // transformers' greedy answer (tests/golden/smollm2/greedy.json, case chat_capital).
+    assert_eq!(text.trim(), "The capital of France is Paris.");
+    let err = String::from_utf8(out.stderr).unwrap();
+    let last = err.lines().last().unwrap();
+    assert!(last.starts_with("prefill: 42 tokens, ") && last.contains(" tok/s; decode: "), "{last}");
+}
+
+#[test]
+fn missing_model_is_a_one_line_error() {
+    let out = kvslice(&["logits", "--model", "/nonexistent/model.gguf", "--text", "hi", "--device", "cpu"]);
+    let line = one_line_error(&out);
+    assert!(line.contains("/nonexistent/model.gguf"), "{line}");
+}
+
+#[test]
+fn corrupt_gguf_is_a_one_line_error() {
+    let dir = std::env::temp_dir().join(format!("kvslice-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("corrupt.gguf");
+    // A GGUF header claiming 2^40 tensors in a 24-byte file.
+    let mut bytes = b"GGUF".to_vec();
+    bytes.extend(3u32.to_le_bytes());
+    bytes.extend((1u64 << 40).to_le_bytes());
+    bytes.extend(0u64.to_le_bytes());
+    std::fs::write(&path, bytes).unwrap();
+    let out = kvslice(&["logits", "--model", path.to_str().unwrap(), "--text", "hi", "--device", "cpu"]);
+    one_line_error(&out);
+    let truncated = dir.join("truncated.gguf");
+    let real = std::fs::read(default_model()).unwrap();
+    std::fs::write(&truncated, &real[..real.len() / 3]).unwrap();
+    let out = kvslice(&["logits", "--model", truncated.to_str().unwrap(), "--text", "hi", "--device", "cpu"]);
+    one_line_error(&out);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_options_are_one_line_errors() {
+    let model = default_model();
+    let out = kvslice(&["generate", "--model", &model, "--prompt", "hi", "--device", "tpu"]);
+    assert!(one_line_error(&out).contains("tpu"));
+    let out = kvslice(&["generate", "--model", &model, "--prompt", "hi", "--temperature", "-1", "--device", "cpu"]);
+    assert!(one_line_error(&out).contains("temperature"));
+    // A prompt longer than the 8192-token context.
+    let long = "word ".repeat(9000);
+    let out = kvslice(&["generate", "--model", &model, "--prompt", &long, "--device", "cpu"]);
+    assert!(one_line_error(&out).contains("context"));
+}

@@ -1,0 +1,312 @@
+//! The Llama-family decoder as Burn modules: RMSNorm, RoPE, grouped-query attention over a
+//! [`KvStore`], SwiGLU MLP, tied or separate output head, optional q/k/v biases (Qwen2).
+//!
+//! Batch size is one (a session decodes one sequence); every forward documents its shapes.
+
+use burn::module::{Module, Param};
+use burn::tensor::activation::{silu, softmax};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use kvslice_cache::KvStore;
+
+use crate::config::LlamaConfig;
+use crate::error::{ModelError, Result};
+use crate::rope;
+
+/// Scores of one attention chunk are at most this many f32 values (256 MiB).
+const MAX_SCORE_ELEMS: usize = 64 << 20;
+
+/// Root-mean-square layer norm: `x / sqrt(mean(x²) + eps) * weight`.
+#[derive(Module, Debug)]
+pub struct RmsNorm {
+    /// `[hidden]`
+    pub weight: Param<Tensor<1>>,
+    pub eps: f64,
+}
+
+impl RmsNorm {
+    /// # Shapes
+    /// `x: [n, hidden]` → `[n, hidden]`
+    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        let var = x.clone().powi_scalar(2).mean_dim(1);
+        let normed = x * (var + self.eps).sqrt().recip();
+        normed * self.weight.val().unsqueeze::<2>()
+    }
+}
+
+/// A dense projection `y = x W + b`.
+#[derive(Module, Debug)]
+pub struct Linear {
+    /// `[d_in, d_out]`
+    pub weight: Param<Tensor<2>>,
+    /// `[d_out]`
+    pub bias: Option<Param<Tensor<1>>>,
+}
+
+impl Linear {
+    /// # Shapes
+    /// `x: [n, d_in]` → `[n, d_out]`
+    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        let y = x.matmul(self.weight.val());
+        match &self.bias {
+            Some(b) => y + b.val().unsqueeze::<2>(),
+            None => y,
+        }
+    }
+}
+
+/// Grouped-query self-attention.
+#[derive(Module, Debug)]
+pub struct Attention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
+#[derive(Module, Debug)]
+pub struct Mlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+}
+
+impl Mlp {
+    /// # Shapes
+    /// `x: [n, hidden]` → `[n, hidden]`
+    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        let gate = silu(self.gate_proj.forward(x.clone()));
+        self.down_proj.forward(gate * self.up_proj.forward(x))
+    }
+}
+
+/// One pre-norm decoder block.
+#[derive(Module, Debug)]
+pub struct DecoderLayer {
+    pub input_layernorm: RmsNorm,
+    pub self_attn: Attention,
+    pub post_attention_layernorm: RmsNorm,
+    pub mlp: Mlp,
+}
+
+/// The decoder's weights.
+#[derive(Module, Debug)]
+pub struct LlamaWeights {
+    /// `[vocab, hidden]`
+    pub embed_tokens: Param<Tensor<2>>,
+    pub layers: Vec<DecoderLayer>,
+    pub norm: RmsNorm,
+    /// `[hidden, vocab]`; for tied models a transposed copy of the embedding.
+    pub lm_head: Param<Tensor<2>>,
+}
+
+/// Positions and RoPE tables for one forward call.
+struct Rotary {
+    /// `[n, head_dim / 2]` each, broadcast over heads.
+    cos: Tensor<3>,
+    sin: Tensor<3>,
+}
+
+impl Rotary {
+    /// # Shapes
+    /// `x: [heads, n, head_dim]` → `[heads, n, head_dim]`
+    fn apply(&self, x: Tensor<3>) -> Tensor<3> {
+        let [_, _, d] = x.dims();
+        let half = d / 2;
+        let x1 = x.clone().narrow(2, 0, half);
+        let x2 = x.narrow(2, half, half);
+        let out1 = x1.clone() * self.cos.clone() - x2.clone() * self.sin.clone();
+        let out2 = x2 * self.cos.clone() + x1 * self.sin.clone();
+        Tensor::cat(vec![out1, out2], 2)
+    }
+}
+
+/// A Llama-family decoder on one device.
+#[derive(Debug)]
+pub struct Llama {
+    pub config: LlamaConfig,
+    pub weights: LlamaWeights,
+    inv_freq: Vec<f32>,
+    device: Device,
+}
+
+impl Llama {
+    /// Wraps loaded weights. The config must be valid (see [`LlamaConfig::validate`]).
+    pub fn new(config: LlamaConfig, weights: LlamaWeights, device: Device) -> Result<Self> {
+        config.validate()?;
+        if weights.layers.len() != config.num_layers {
+            return Err(ModelError::Config(format!(
+                "{} layers loaded, config says {}",
+                weights.layers.len(),
+                config.num_layers
+            )));
+        }
+        let inv_freq = rope::inv_freq(&config);
+        Ok(Self { config, weights, inv_freq, device })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Runs `tokens` (at source `positions`) through the decoder, appending their keys and
+    /// values to `cache`, and returns the final-normed hidden states.
+    ///
+    /// Each query attends to the cached slots whose source position is not after its own
+    /// (and, for heads of different lengths, only to that head's occupied slots).
+    ///
+    /// # Shapes
+    /// `tokens: [n]`, `positions: [n]` → `[n, hidden]`
+    pub fn forward(&self, tokens: &[u32], positions: &[u32], cache: &mut impl KvStore) -> Result<Tensor<2>> {
+        let n = tokens.len();
+        if n == 0 || positions.len() != n {
+            return Err(ModelError::Input(format!("{n} tokens with {} positions", positions.len())));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            return Err(ModelError::Input(format!("token id {bad} outside the vocabulary ({})", self.config.vocab_size)));
+        }
+        let ids = Tensor::<1, Int>::from_data(
+            TensorData::new(tokens.iter().map(|&t| t as i32).collect::<Vec<_>>(), [n]),
+            &self.device,
+        );
+        let mut x = self.weights.embed_tokens.val().select(0, ids);
+
+        let half = self.config.head_dim / 2;
+        let (cos, sin) = rope::tables(&self.inv_freq, positions);
+        let rotary = Rotary {
+            cos: Tensor::<1>::from_data(TensorData::new(cos, [n * half]), &self.device).reshape([1, n, half]),
+            sin: Tensor::<1>::from_data(TensorData::new(sin, [n * half]), &self.device).reshape([1, n, half]),
+        };
+
+        for (index, layer) in self.weights.layers.iter().enumerate() {
+            let h = layer.input_layernorm.forward(x.clone());
+            let attn = self.attention(index, &layer.self_attn, h, &rotary, positions, cache)?;
+            x = x + attn;
+            let h = layer.post_attention_layernorm.forward(x.clone());
+            x = x + layer.mlp.forward(h);
+        }
+        Ok(self.weights.norm.forward(x))
+    }
+
+    /// Output logits of the given hidden rows.
+    ///
+    /// # Shapes
+    /// `hidden: [n, hidden]` → `[n, vocab]`
+    pub fn logits(&self, hidden: Tensor<2>) -> Tensor<2> {
+        hidden.matmul(self.weights.lm_head.val())
+    }
+
+    /// # Shapes
+    /// `x: [n, hidden]` → `[n, hidden]`
+    fn attention(
+        &self,
+        layer: usize,
+        attn: &Attention,
+        x: Tensor<2>,
+        rotary: &Rotary,
+        positions: &[u32],
+        cache: &mut impl KvStore,
+    ) -> Result<Tensor<2>> {
+        let [n, _] = x.dims();
+        let (heads, kv_heads, d) = (attn.num_heads, attn.num_kv_heads, attn.head_dim);
+        let group = heads / kv_heads;
+        // [n, heads * d] → [heads, n, d]
+        let split = |t: Tensor<2>, h: usize| t.reshape([n, h, d]).swap_dims(0, 1);
+        let q = rotary.apply(split(attn.q_proj.forward(x.clone()), heads));
+        let k = rotary.apply(split(attn.k_proj.forward(x.clone()), kv_heads));
+        let v = split(attn.v_proj.forward(x), kv_heads);
+        cache.append(layer, k, v, positions)?;
+
+        let stored = cache.layer(layer)?;
+        let (keys, values) = stored.view();
+        let len = stored.max_len();
+        let mask = attention_mask(stored, positions, &self.device);
+
+        let scale = 1.0 / (d as f64).sqrt();
+        // [heads, n, d] → [kv_heads, group * n, d]: head h reads KV head h / group.
+        let q = q.reshape([kv_heads, group * n, d]);
+        let keys_t = keys.swap_dims(1, 2); // [kv_heads, d, len]
+        let rows_per_chunk = (MAX_SCORE_ELEMS / (heads * len).max(1)).clamp(1, n);
+        let mut outputs = Vec::with_capacity(n.div_ceil(rows_per_chunk));
+        let q = q.reshape([kv_heads, group, n, d]);
+        let mut start = 0;
+        while start < n {
+            let rows = rows_per_chunk.min(n - start);
+            let qc = q.clone().narrow(2, start, rows).reshape([kv_heads, group * rows, d]);
+            let scores = qc.matmul(keys_t.clone()).mul_scalar(scale).reshape([kv_heads, group, rows, len]);
+            let scores = match &mask {
+                Mask::None => scores,
+                Mask::Additive(m) => {
+                    let mk = m.clone().narrow(1, start, rows); // [kv_heads | 1, rows, len]
+                    scores + mk.unsqueeze_dim::<4>(1)
+                }
+            };
+            let probs = softmax(scores, 3).reshape([kv_heads, group * rows, len]);
+            let out = probs.matmul(values.clone()).reshape([heads, rows, d]);
+            outputs.push(out);
+            start += rows;
+        }
+        let out = if outputs.len() == 1 { outputs.pop().unwrap() } else { Tensor::cat(outputs, 1) };
+        let out = out.swap_dims(0, 1).reshape([n, heads * d]);
+        Ok(attn.o_proj.forward(out))
+    }
+}
+
+enum Mask {
+    /// Every query sees every slot `0..len` of every head.
+    None,
+    /// `[kv_heads | 1, n, len]`, 0 where visible and -inf where not.
+    Additive(Tensor<3>),
+}
+
+/// Visibility of cached slots for queries at `positions`: slot `s` of head `h` is visible when
+/// it is occupied and its source position is not after the query's.
+///
+/// When every head's slots are in ascending source order (true after prefill and after
+/// order-keeping compaction) each query sees a prefix of the slots, and the mask is built on
+/// the device from one cut-off per (head, query); otherwise it is built on the host.
+fn attention_mask(layer: &kvslice_cache::LayerKv, positions: &[u32], device: &Device) -> Mask {
+    let n = positions.len();
+    let len = layer.max_len();
+    let lens = layer.lens();
+    let uniform = lens.iter().all(|&l| l == len);
+    let heads: Vec<&[u32]> = (0..lens.len()).map(|h| layer.head_positions(h)).collect();
+    let min_query = positions.iter().copied().min().unwrap_or(0);
+    if uniform && heads.iter().all(|p| p.iter().all(|&s| s <= min_query)) {
+        return Mask::None;
+    }
+    let shared = uniform && heads.iter().all(|p| *p == heads[0]);
+    let mask_heads = if shared { 1 } else { lens.len() };
+    let sorted = heads[..mask_heads].iter().all(|p| p.windows(2).all(|w| w[0] < w[1]));
+    if sorted {
+        let mut cutoffs = Vec::with_capacity(mask_heads * n);
+        for slots in &heads[..mask_heads] {
+            for &qp in positions {
+                cutoffs.push(slots.partition_point(|&sp| sp <= qp) as i32);
+            }
+        }
+        let cut = Tensor::<1, Int>::from_data(TensorData::new(cutoffs, [mask_heads * n]), device)
+            .reshape([mask_heads, n, 1]);
+        let cols = Tensor::<1, Int>::arange(0..len as i64, device).reshape([1, 1, len]);
+        let hidden = cols.expand([mask_heads, n, len]).greater_equal(cut.expand([mask_heads, n, len]));
+        let mask = Tensor::<3>::zeros([mask_heads, n, len], device).mask_fill(hidden, f32::NEG_INFINITY);
+        return Mask::Additive(mask);
+    }
+    let mut mask = vec![f32::NEG_INFINITY; mask_heads * n * len];
+    for (h, slots) in heads[..mask_heads].iter().enumerate() {
+        for (i, &qp) in positions.iter().enumerate() {
+            let row = &mut mask[(h * n + i) * len..(h * n + i + 1) * len];
+            for (s, &sp) in slots.iter().enumerate() {
+                if sp <= qp {
+                    row[s] = 0.0;
+                }
+            }
+        }
+    }
+    Mask::Additive(
+        Tensor::<1>::from_data(TensorData::new(mask, [mask_heads * n * len]), device).reshape([mask_heads, n, len]),
+    )
+}

@@ -1,0 +1,184 @@
+//! Device selection: a wgpu adapter chosen automatically (or on a named graphics API), or
+//! Burn's CPU backend as the reference.
+
+use burn::tensor::Device;
+use burn::tensor::wgpu::{WgpuBackend, WgpuInitError};
+
+use crate::error::{Result, RuntimeError};
+
+/// Which device to run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceChoice {
+    /// wgpu on the given graphics API (`Auto` lets wgpu pick).
+    #[default]
+    Wgpu,
+    /// wgpu pinned to one graphics API.
+    WgpuApi(GraphicsApi),
+    /// Burn's pure-Rust CPU backend (the reference).
+    Cpu,
+}
+
+/// Graphics APIs wgpu can run kvslice's WGSL on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GraphicsApi {
+    Vulkan,
+    Metal,
+    Dx12,
+    Gl,
+    WebGpu,
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = RuntimeError;
+
+    /// `wgpu`, `cpu`, or `wgpu:vulkan|metal|dx12|gl|webgpu`.
+    fn from_str(s: &str) -> Result<Self> {
+        let api = |name: &str| -> Result<GraphicsApi> {
+            Ok(match name {
+                "vulkan" => GraphicsApi::Vulkan,
+                "metal" => GraphicsApi::Metal,
+                "dx12" => GraphicsApi::Dx12,
+                "gl" | "opengl" => GraphicsApi::Gl,
+                "webgpu" => GraphicsApi::WebGpu,
+                other => {
+                    return Err(RuntimeError::Device(format!(
+                        "unknown graphics API `{other}` (vulkan, metal, dx12, gl, webgpu)"
+                    )));
+                }
+            })
+        };
+        match s.to_ascii_lowercase().as_str() {
+            "wgpu" | "gpu" | "auto" => Ok(DeviceChoice::Wgpu),
+            "cpu" | "flex" => Ok(DeviceChoice::Cpu),
+            other => match other.strip_prefix("wgpu:") {
+                Some(name) => Ok(DeviceChoice::WgpuApi(api(name)?)),
+                None => Ok(DeviceChoice::WgpuApi(api(other).map_err(|_| {
+                    RuntimeError::Device(format!("unknown device `{s}` (wgpu, cpu, wgpu:vulkan, wgpu:gl, ...)"))
+                })?)),
+            },
+        }
+    }
+}
+
+/// What was found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// `wgpu` or `cpu`.
+    pub kind: &'static str,
+    /// Adapter name (e.g. `llvmpipe (LLVM 15.0.6, 256 bits)`).
+    pub name: String,
+    /// Graphics API (Vulkan, Metal, ...).
+    pub backend: String,
+    /// Discrete, integrated, virtual or CPU.
+    pub device_type: String,
+    pub driver: String,
+    /// Largest storage buffer binding the device was opened with.
+    pub max_storage_buffer_binding_size: u64,
+    pub max_buffer_size: u64,
+}
+
+impl std::fmt::Display for DeviceInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.kind == "cpu" {
+            return write!(f, "cpu ({})", self.name);
+        }
+        write!(
+            f,
+            "wgpu: {} [{}; {}; driver {}] max storage binding {} MiB, max buffer {} MiB",
+            self.name,
+            self.backend,
+            self.device_type,
+            self.driver,
+            self.max_storage_buffer_binding_size >> 20,
+            self.max_buffer_size >> 20
+        )
+    }
+}
+
+/// Opens the chosen device. On wgpu the device is requested with the adapter's own limits
+/// (wgpu's defaults cap storage buffers at 128 MiB, too small for a vocabulary projection).
+/// `KVSLICE_WGPU_BACKEND` (vulkan, metal, dx12, gl, webgpu) pins the API when the choice is
+/// plain `wgpu`.
+pub async fn init_device(choice: DeviceChoice) -> Result<(Device, DeviceInfo)> {
+    let choice = match choice {
+        #[cfg(not(target_family = "wasm"))]
+        DeviceChoice::Wgpu => match std::env::var("KVSLICE_WGPU_BACKEND") {
+            Ok(v) if !v.is_empty() => v.parse().map_err(|e: RuntimeError| {
+                RuntimeError::Device(format!("KVSLICE_WGPU_BACKEND: {e}"))
+            })?,
+            _ => DeviceChoice::Wgpu,
+        },
+        other => other,
+    };
+    // On Linux, Vulkan is the API every driver (lavapipe included) offers; probing the others
+    // first only prints EGL/Wayland noise. Fall back to wgpu's own choice when it is absent.
+    #[cfg(target_os = "linux")]
+    if choice == DeviceChoice::Wgpu {
+        if let Ok(found) = Box::pin(init_device(DeviceChoice::WgpuApi(GraphicsApi::Vulkan))).await {
+            return Ok(found);
+        }
+    }
+    match choice {
+        DeviceChoice::Cpu => Ok((
+            Device::flex(),
+            DeviceInfo {
+                kind: "cpu",
+                name: "burn flex".into(),
+                backend: "cpu".into(),
+                device_type: "Cpu".into(),
+                driver: String::new(),
+                max_storage_buffer_binding_size: 0,
+                max_buffer_size: 0,
+            },
+        )),
+        DeviceChoice::Wgpu | DeviceChoice::WgpuApi(_) => {
+            // A wgpu runtime can be registered once per process: later calls reuse it.
+            if let Some(found) = opened().lock().ok().and_then(|m| m.iter().find(|(c, _, _)| *c == choice).cloned()) {
+                return Ok((found.1, found.2));
+            }
+            let mut options = Device::wgpu_options();
+            if let DeviceChoice::WgpuApi(api) = choice {
+                options = options.graphics_api(match api {
+                    GraphicsApi::Vulkan => WgpuBackend::Vulkan,
+                    GraphicsApi::Metal => WgpuBackend::Metal,
+                    GraphicsApi::Dx12 => WgpuBackend::Dx12,
+                    GraphicsApi::Gl => WgpuBackend::Gl,
+                    GraphicsApi::WebGpu => WgpuBackend::WebGpu,
+                });
+            }
+            let (device, setup) = options.init_with_setup_async().await.map_err(wgpu_error)?;
+            let info = setup.adapter.get_info();
+            let limits = setup.device.limits();
+            let result = (
+                device,
+                DeviceInfo {
+                    kind: "wgpu",
+                    name: info.name.clone(),
+                    backend: format!("{:?}", info.backend),
+                    device_type: format!("{:?}", info.device_type),
+                    driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+                    max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size as u64,
+                    max_buffer_size: limits.max_buffer_size,
+                },
+            );
+            if let Ok(mut m) = opened().lock() {
+                m.push((choice, result.0.clone(), result.1.clone()));
+            }
+            Ok(result)
+        }
+    }
+}
+
+type Opened = std::sync::Mutex<Vec<(DeviceChoice, Device, DeviceInfo)>>;
+
+fn opened() -> &'static Opened {
+    static OPENED: std::sync::OnceLock<Opened> = std::sync::OnceLock::new();
+    OPENED.get_or_init(|| std::sync::Mutex::new(Vec::new()))
+}
+
+fn wgpu_error(e: WgpuInitError) -> RuntimeError {
+    RuntimeError::Device(format!(
+        "no usable wgpu adapter: {e} (on Linux without a GPU, install Mesa's lavapipe: \
+         `scripts/setup-system.sh`, or run with --device cpu)"
+    ))
+}

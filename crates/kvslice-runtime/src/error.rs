@@ -1,0 +1,23 @@
+//! Errors of the runtime.
+
+/// Everything a session can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("device: {0}")]
+    Device(String),
+    #[error("reading results back from the device failed: {0}")]
+    Readback(String),
+    #[error(transparent)]
+    Model(#[from] kvslice_model::ModelError),
+    #[error(transparent)]
+    Format(#[from] kvslice_formats::FormatError),
+    #[error(transparent)]
+    Cache(#[from] kvslice_cache::CacheError),
+    #[error("prompt of {tokens} tokens plus {new} new tokens exceeds the context of {context}")]
+    ContextOverflow { tokens: usize, new: usize, context: usize },
+    #[error("invalid option: {0}")]
+    Options(String),
+}
+
+/// Result alias of this crate.
+pub type Result<T> = std::result::Result<T, RuntimeError>;

@@ -1,0 +1,65 @@
+//! A model ready to run: decoder weights on a device plus its tokenizer.
+
+use burn::tensor::Device;
+use kvslice_formats::{ChatMessage, Tokenizer, WeightSource};
+use kvslice_model::Llama;
+
+use crate::error::Result;
+
+/// A decoder on its device and the tokenizer that goes with it.
+pub struct LoadedModel {
+    pub model: Llama,
+    pub tokenizer: Tokenizer,
+}
+
+impl LoadedModel {
+    /// Uploads `weights` to `device`. The weights were already checked against their config.
+    pub fn from_parts(weights: &dyn WeightSource, tokenizer: Tokenizer, device: &Device) -> Result<Self> {
+        let model = kvslice_model::load::load_llama(weights, device)?;
+        Ok(Self { model, tokenizer })
+    }
+
+    /// Opens a `.gguf` file or an HF folder (native targets).
+    #[cfg(not(target_family = "wasm"))]
+    pub fn open(path: &std::path::Path, device: &Device) -> Result<Self> {
+        let files = kvslice_formats::fs::open_model(path)?;
+        let loaded = Self::from_parts(files.weights.as_ref(), files.tokenizer, device)?;
+        Ok(loaded)
+    }
+
+    /// Token ids of a prompt. With `chat`, the text becomes one user message in the model's
+    /// chat template (with the assistant's turn opened); otherwise it is tokenized as is, with
+    /// a BOS only when the tokenizer's config asks for one.
+    pub fn encode_prompt(&self, text: &str, chat: bool) -> Result<Vec<u32>> {
+        let ids = if chat {
+            let rendered = self.tokenizer.apply_chat_template(&[ChatMessage::user(text)], true)?;
+            self.tokenizer.encode(&rendered, false)?
+        } else {
+            self.tokenizer.encode(text, true)?
+        };
+        if ids.is_empty() {
+            return Err(crate::RuntimeError::Options("the prompt encodes to no tokens".into()));
+        }
+        let context = self.model.config.max_position_embeddings;
+        if ids.len() > context {
+            return Err(kvslice_model::ModelError::ContextOverflow { tokens: ids.len(), context }.into());
+        }
+        Ok(ids)
+    }
+
+    /// Text of generated ids (special tokens kept out).
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        Ok(self.tokenizer.decode(ids, true)?)
+    }
+
+    /// Tokens that end a generation: the config's EOS ids and the tokenizer's.
+    pub fn stop_tokens(&self) -> Vec<u32> {
+        let mut stop = self.model.config.eos_token_ids.clone();
+        if let Some(e) = self.tokenizer.eos_token_id() {
+            if !stop.contains(&e) {
+                stop.push(e);
+            }
+        }
+        stop
+    }
+}

@@ -1,0 +1,236 @@
+//! A session: one sequence decoded by one model over one KV cache.
+//!
+//! Everything that touches the device is `async` (a browser cannot block on the GPU); native
+//! callers wrap it with `pollster::block_on` at the edge.
+
+use burn::tensor::{Int, Tensor, TensorData, Transaction};
+use kvslice_cache::{CacheGeometry, KvCache};
+use kvslice_model::Llama;
+
+use crate::error::{Result, RuntimeError};
+use crate::sampling::Sampler;
+
+/// Timings and counts of one generation.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct GenerationStats {
+    pub prompt_tokens: usize,
+    pub prefill_seconds: f64,
+    /// Tokens produced (the first comes from the prefill's last position).
+    pub generated_tokens: usize,
+    /// Single-token forward passes run after the prefill.
+    pub decode_steps: usize,
+    pub decode_seconds: f64,
+}
+
+impl GenerationStats {
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill_seconds.max(1e-9)
+    }
+
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        self.decode_steps as f64 / self.decode_seconds.max(1e-9)
+    }
+}
+
+impl std::fmt::Display for GenerationStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "prefill: {} tokens, {:.1} tok/s; decode: {} tokens, {:.1} tok/s",
+            self.prompt_tokens,
+            self.prefill_tokens_per_second(),
+            self.generated_tokens,
+            self.decode_tokens_per_second()
+        )
+    }
+}
+
+/// Options of [`Session::generate`].
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    pub sampler: Sampler,
+    /// Generation stops after any of these tokens (which is still reported).
+    pub stop_tokens: Vec<u32>,
+}
+
+/// One sequence on one model.
+pub struct Session<'m> {
+    model: &'m Llama,
+    cache: KvCache,
+    /// Source position of the next token.
+    next_position: u32,
+}
+
+impl<'m> Session<'m> {
+    /// A session whose cache holds up to `capacity` tokens per KV head (at most the model's
+    /// context).
+    pub fn new(model: &'m Llama, capacity: usize) -> Result<Self> {
+        let c = &model.config;
+        let capacity = capacity.min(c.max_position_embeddings);
+        let geometry = CacheGeometry {
+            layers: c.num_layers,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            capacity,
+        };
+        Ok(Self { model, cache: KvCache::new(geometry, model.device())?, next_position: 0 })
+    }
+
+    pub fn model(&self) -> &Llama {
+        self.model
+    }
+
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    pub fn cache_mut(&mut self) -> &mut KvCache {
+        &mut self.cache
+    }
+
+    /// Tokens seen so far (the next token's source position).
+    pub fn position(&self) -> u32 {
+        self.next_position
+    }
+
+    /// Forgets the sequence; the cache storage is kept.
+    pub fn reset(&mut self) {
+        self.cache.clear();
+        self.next_position = 0;
+    }
+
+    fn check_room(&self, n: usize) -> Result<()> {
+        let capacity = self.cache.geometry().capacity;
+        let context = self.model.config.max_position_embeddings;
+        let used = self.next_position as usize;
+        if used + n > context || self.cache.max_len() + n > capacity {
+            return Err(RuntimeError::ContextOverflow { tokens: used, new: n, context: context.min(capacity) });
+        }
+        Ok(())
+    }
+
+    /// Feeds `tokens` and returns the hidden states `[n, hidden]` (device-resident).
+    pub fn feed(&mut self, tokens: &[u32]) -> Result<Tensor<2>> {
+        self.check_room(tokens.len())?;
+        let start = self.next_position;
+        let positions: Vec<u32> = (start..start + tokens.len() as u32).collect();
+        let hidden = self.model.forward(tokens, &positions, &mut self.cache)?;
+        self.next_position += tokens.len() as u32;
+        Ok(hidden)
+    }
+
+    /// Feeds `tokens` and returns the logits of the rows in `rows` (indices into `tokens`),
+    /// each `[vocab]`.
+    pub async fn logits_at(&mut self, tokens: &[u32], rows: &[usize]) -> Result<Vec<Vec<f32>>> {
+        if let Some(&bad) = rows.iter().find(|&&r| r >= tokens.len()) {
+            return Err(RuntimeError::Options(format!("row {bad} outside {} tokens", tokens.len())));
+        }
+        let hidden = self.feed(tokens)?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let idx = Tensor::<1, Int>::from_data(
+            TensorData::new(rows.iter().map(|&r| r as i32).collect::<Vec<_>>(), [rows.len()]),
+            self.model.device(),
+        );
+        let logits = self.model.logits(hidden.select(0, idx));
+        let vocab = self.model.config.vocab_size;
+        let flat = read_f32(logits).await?;
+        Ok(flat.chunks(vocab).map(<[f32]>::to_vec).collect())
+    }
+
+    /// Feeds `tokens` and returns the logits of the last one.
+    pub async fn next_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let last = tokens.len().saturating_sub(1);
+        Ok(self.logits_at(tokens, &[last]).await?.pop().unwrap_or_default())
+    }
+
+    /// Feeds `tokens` and returns the greedy next token, choosing on the device (one integer
+    /// read back instead of the vocabulary).
+    async fn next_greedy(&mut self, tokens: &[u32]) -> Result<u32> {
+        let hidden = self.feed(tokens)?;
+        let n = tokens.len();
+        let logits = self.model.logits(hidden.narrow(0, n - 1, 1)); // [1, vocab]
+        let id = logits.argmax(1).reshape([1]);
+        let data = Transaction::default()
+            .register(id)
+            .execute_async()
+            .await
+            .map_err(|e| RuntimeError::Readback(format!("{e:?}")))?;
+        let v = data[0].iter::<i64>().next().ok_or_else(|| RuntimeError::Readback("empty argmax".into()))?;
+        Ok(v as u32)
+    }
+
+    async fn next_token(&mut self, tokens: &[u32], sampler: &mut Sampler) -> Result<u32> {
+        if sampler.is_greedy() {
+            self.next_greedy(tokens).await
+        } else {
+            let logits = self.next_logits(tokens).await?;
+            Ok(sampler.sample(&logits))
+        }
+    }
+
+    /// Prefills `prompt` and decodes up to `max_new_tokens`, calling `on_token` with each new
+    /// token as soon as it is known; `on_token` returns `false` to stop early.
+    pub async fn generate(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        mut on_token: impl FnMut(u32) -> bool,
+    ) -> Result<(Vec<u32>, GenerationStats)> {
+        if prompt.is_empty() {
+            return Err(RuntimeError::Options("empty prompt".into()));
+        }
+        self.check_room(prompt.len() + options.max_new_tokens.saturating_sub(1))?;
+        let mut sampler = options.sampler.clone();
+        let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..Default::default() };
+        let mut out = Vec::new();
+        if options.max_new_tokens == 0 {
+            let t0 = now();
+            self.feed(prompt)?;
+            self.model.device().sync().map_err(|e| RuntimeError::Readback(format!("{e:?}")))?;
+            stats.prefill_seconds = now() - t0;
+            return Ok((out, stats));
+        }
+        let t0 = now();
+        let mut token = self.next_token(prompt, &mut sampler).await?;
+        stats.prefill_seconds = now() - t0;
+        let t1 = now();
+        loop {
+            out.push(token);
+            let go_on = on_token(token);
+            if !go_on || options.stop_tokens.contains(&token) || out.len() >= options.max_new_tokens {
+                break;
+            }
+            token = self.next_token(&[token], &mut sampler).await?;
+        }
+        stats.generated_tokens = out.len();
+        stats.decode_steps = out.len().saturating_sub(1);
+        stats.decode_seconds = now() - t1;
+        Ok((out, stats))
+    }
+}
+
+/// Reads a float tensor back to the host.
+pub async fn read_f32<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>> {
+    let data = Transaction::default()
+        .register(t)
+        .execute_async()
+        .await
+        .map_err(|e| RuntimeError::Readback(format!("{e:?}")))?;
+    data[0].try_to_vec::<f32>().map_err(|e| RuntimeError::Readback(format!("{e:?}")))
+}
+
+#[cfg(not(target_family = "wasm"))]
+fn now() -> f64 {
+    use std::sync::OnceLock;
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64()
+}
+
+#[cfg(target_family = "wasm")]
+fn now() -> f64 {
+    // Timing in the browser is the page's job; the runtime reports zero durations there.
+    0.0
+}

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs the system packages kvslice needs on a Debian machine with no GPU:
+# Mesa's lavapipe (software Vulkan) so wgpu finds an adapter, and the Vulkan loader.
+set -euo pipefail
+need=()
+dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || need+=(mesa-vulkan-drivers)
+dpkg -s libvulkan1 >/dev/null 2>&1 || need+=(libvulkan1)
+dpkg -s libegl1 >/dev/null 2>&1 || need+=(libegl1)
+if [ ${#need[@]} -gt 0 ]; then
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    echo "installing: ${need[*]}" >&2
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: system packages (lavapipe), the default model,
+# native tests on lavapipe and the CPU backend, and the wasm32 build check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup-system.sh
+rustup target list --installed | grep -q wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
+
+# Fetch the default model through the CLI (tests compare it against committed golden data).
+cargo build --locked -p kvslice-cli
+target/debug/kvslice fetch
+
+cargo test --locked --workspace --no-fail-fast
+
+# Portability: the library crates below the CLI build for the browser.
+cargo check --locked --target wasm32-unknown-unknown -p kvslice-formats -p kvslice-cache -p kvslice-model -p kvslice-runtime
+echo "all tests passed"

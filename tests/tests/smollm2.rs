@@ -1,0 +1,94 @@
+//! SmolLM2-135M-Instruct (the default model, Q4_1 GGUF) against HF transformers loading the
+//! same file (tests/golden/smollm2, made by scripts/golden/smollm2.py).
+//!
+//! Tolerance: top-20 logits within 1e-2 of transformers' f32 CPU values at every recorded
+//! position, and the same top-1 token.
+
+use burn::tensor::Device;
+use kvslice_runtime::{GenerateOptions, LoadedModel, Sampler, Session};
+use kvslice_tests::{cpu, default_model, golden_json, ids, wgpu};
+
+const LOGIT_TOLERANCE: f32 = 1e-2;
+
+fn load(device: &Device) -> LoadedModel {
+    LoadedModel::open(&default_model(), device).expect("default model loads")
+}
+
+fn check_logits(device: Device, skip_long: bool) {
+    let loaded = load(&device);
+    let golden = golden_json("smollm2/logits.json");
+    let mut checked = 0;
+    for case in golden["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let tokens = ids(&case["token_ids"]);
+        if skip_long && tokens.len() > 512 {
+            continue;
+        }
+        // Our tokenizer gives the ids transformers fed.
+        let ours = if case["chat_template_applied"].as_bool().unwrap() {
+            let content = case["messages"][0]["content"].as_str().unwrap();
+            loaded.encode_prompt(content, true).unwrap()
+        } else {
+            loaded.encode_prompt(case["text"].as_str().unwrap(), false).unwrap()
+        };
+        assert_eq!(ours, tokens, "{name}: token ids");
+
+        let positions = case["positions"].as_array().unwrap();
+        let rows: Vec<usize> = positions.iter().map(|p| p["position"].as_u64().unwrap() as usize).collect();
+        let mut session = Session::new(&loaded.model, tokens.len()).unwrap();
+        let logits = pollster::block_on(session.logits_at(&tokens, &rows)).unwrap();
+        let mut worst = 0f32;
+        for (p, row) in positions.iter().zip(&logits) {
+            let top = p["top"].as_array().unwrap();
+            let want_top1 = top[0][0].as_u64().unwrap() as u32;
+            let got_top1 = kvslice_runtime::sampling::argmax(row);
+            assert_eq!(got_top1, want_top1, "{name} @ {}: top-1", p["position"]);
+            for pair in top {
+                let id = pair[0].as_u64().unwrap() as usize;
+                let want = pair[1].as_f64().unwrap() as f32;
+                let delta = (row[id] - want).abs();
+                worst = worst.max(delta);
+                assert!(delta < LOGIT_TOLERANCE, "{name} @ {}: token {id} logit {} vs {want}", p["position"], row[id]);
+            }
+        }
+        eprintln!("{name}: {} tokens, worst |Δlogit| {worst:.2e}", tokens.len());
+        checked += 1;
+    }
+    assert!(checked >= 5, "only {checked} cases checked");
+}
+
+#[test]
+fn logits_match_transformers_on_wgpu() {
+    check_logits(wgpu(), false);
+}
+
+#[test]
+fn logits_match_transformers_on_cpu() {
+    // The ~1,500-token case runs on wgpu; the CPU reference covers the others.
+    check_logits(cpu(), true);
+}
+
+fn check_greedy(device: Device) {
+    let loaded = load(&device);
+    let golden = golden_json("smollm2/greedy.json");
+    for case in golden["cases"].as_array().unwrap() {
+        let name = case["name"].as_str().unwrap();
+        let prompt = ids(&case["prompt_ids"]);
+        let want = ids(&case["generated_ids"]);
+        let mut session = Session::new(&loaded.model, prompt.len() + want.len()).unwrap();
+        // No stop token: transformers' reference decodes past EOS for the full count.
+        let options = GenerateOptions { max_new_tokens: want.len(), sampler: Sampler::greedy(), stop_tokens: vec![] };
+        let (got, _) = pollster::block_on(session.generate(&prompt, &options, |_| true)).unwrap();
+        assert_eq!(got, want, "{name}: greedy tokens\n ours: {:?}\n want: {:?}", loaded.decode(&got), case["generated_text"]);
+    }
+}
+
+#[test]
+fn greedy_generation_matches_transformers_on_wgpu() {
+    check_greedy(wgpu());
+}
+
+#[test]
+fn greedy_generation_matches_transformers_on_cpu() {
+    check_greedy(cpu());
+}

@@ -1,0 +1,116 @@
+//! Every architecture path on tiny seeded models, against HF transformers' full logits
+//! (tests/golden/tiny and tests/golden/tiny-gguf, made by scripts/golden/).
+//!
+//! Tolerance: |Δ| < 2e-4 · max(1, |logit|) (f32 compute; goldens rounded to 6 significant digits).
+
+use burn::tensor::Device;
+use kvslice_formats::{ModelConfig, SafetensorsWeights, WeightSource};
+use kvslice_model::load::load_llama;
+use kvslice_runtime::Session;
+use kvslice_tests::{cpu, golden_dir, golden_json, ids, wgpu};
+
+fn hf_weights(name: &str) -> SafetensorsWeights<Vec<u8>> {
+    let dir = golden_dir().join("tiny").join(name);
+    let config = ModelConfig::from_hf_json(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    let index = dir.join("model.safetensors.index.json");
+    let files = if index.is_file() {
+        kvslice_formats::safetensors_index_files(&std::fs::read(index).unwrap()).unwrap()
+    } else {
+        vec!["model.safetensors".to_string()]
+    };
+    let shards = files.into_iter().map(|f| { let b = std::fs::read(dir.join(&f)).unwrap(); (f, b) }).collect();
+    SafetensorsWeights::new(config, shards).unwrap()
+}
+
+fn check(weights: &dyn WeightSource, sequences: &serde_json::Value, device: &Device, label: &str) {
+    let model = load_llama(weights, device).unwrap();
+    let vocab = model.config.vocab_size;
+    for seq in sequences.as_array().unwrap() {
+        let tokens = ids(&seq["token_ids"]);
+        let rows: Vec<usize> = (0..tokens.len()).collect();
+        let mut session = Session::new(&model, tokens.len()).unwrap();
+        let got = pollster::block_on(session.logits_at(&tokens, &rows)).unwrap();
+        let want = seq["logits"].as_array().unwrap();
+        assert_eq!(got.len(), want.len());
+        let mut worst = 0f32;
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            let w: Vec<f32> = w.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+            assert_eq!(g.len(), vocab);
+            for (j, (a, b)) in g.iter().zip(&w).enumerate() {
+                let d = (a - b).abs();
+                worst = worst.max(d / b.abs().max(1.0));
+                assert!(d < 2e-4 * b.abs().max(1.0), "{label}: len {} row {i} token {j}: {a} vs {b}", tokens.len());
+            }
+        }
+        let argmax: Vec<u32> = got.iter().map(|r| kvslice_runtime::sampling::argmax(r)).collect();
+        assert_eq!(argmax, ids(&seq["argmax"]), "{label}: argmax");
+        eprintln!("{label}: {} tokens, worst relative Δ {worst:.1e}", tokens.len());
+    }
+}
+
+fn hf_case(name: &str, device: Device) {
+    let golden = golden_json(&format!("tiny/{name}/golden.json"));
+    check(&hf_weights(name), &golden["sequences"], &device, name);
+}
+
+fn gguf_case(file: &str, device: Device) {
+    let golden = golden_json("tiny-gguf/golden.json");
+    let entry = &golden["files"][file];
+    let path = golden_dir().join("tiny-gguf").join(file);
+    let opened = kvslice_formats::fs::open_gguf(&path).unwrap();
+    // The tokenizer rebuilt from GGUF metadata gives transformers' ids.
+    for (text, want) in entry["transformers_tokenizer"]["ids"].as_object().unwrap() {
+        assert_eq!(opened.tokenizer.encode(text, true).unwrap(), ids(want), "{file}: tokens of {text:?}");
+    }
+    check(opened.weights.as_ref(), &entry["sequences"], &device, file);
+}
+
+#[test]
+fn llama_with_llama3_rope_scaling() {
+    hf_case("llama", cpu());
+    hf_case("llama", wgpu());
+}
+
+#[test]
+fn llama_tied_embeddings_f16() {
+    hf_case("llama-tied-f16", cpu());
+    hf_case("llama-tied-f16", wgpu());
+}
+
+#[test]
+fn qwen2_biases_bf16() {
+    hf_case("qwen2-bf16", cpu());
+    hf_case("qwen2-bf16", wgpu());
+}
+
+#[test]
+fn mistral_sharded_safetensors() {
+    hf_case("mistral-sharded", cpu());
+    hf_case("mistral-sharded", wgpu());
+}
+
+#[test]
+fn gguf_every_supported_type() {
+    for file in ["tiny-llama-F32.gguf", "tiny-llama-F16.gguf", "tiny-llama-Q8_0.gguf", "tiny-llama-Q4_0.gguf", "tiny-llama-Q4_1.gguf"] {
+        gguf_case(file, cpu());
+        gguf_case(file, wgpu());
+    }
+}
+
+#[test]
+fn shapes_that_disagree_with_the_config_are_errors() {
+    // The tiny llama's weights under a config claiming a wider MLP.
+    let dir = golden_dir().join("tiny/llama");
+    let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    json["intermediate_size"] = serde_json::json!(256);
+    let config = ModelConfig::from_hf_json(json.to_string().as_bytes()).unwrap();
+    let shards = vec![("model.safetensors".to_string(), std::fs::read(dir.join("model.safetensors")).unwrap())];
+    let err = SafetensorsWeights::new(config, shards).err().expect("shape mismatch must be refused");
+    let msg = err.to_string();
+    assert!(msg.contains("mlp") && msg.contains("256"), "{msg}");
+    // An unknown architecture.
+    json["model_type"] = serde_json::json!("gpt_neox");
+    json["architectures"] = serde_json::json!(["GPTNeoXForCausalLM"]);
+    let err = ModelConfig::from_hf_json(json.to_string().as_bytes()).err().expect("unknown architecture refused");
+    assert!(err.to_string().to_lowercase().contains("gpt"), "{err}");
+}
