@@ -259,3 +259,35 @@ pub fn decode_attention(
     }
     (out, weights)
 }
+
+// ---- Kernel 6: skinny projection ----
+
+/// Twin of [`crate::linear`]: `y = x·W + b` with f64 accumulation.
+///
+/// `x`: `[n, d_in]`, `w`: `[d_in, d_out]`, `bias`: `[d_out]`, all row-major; returns
+/// `[n, d_out]`.
+pub fn linear(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    n: usize,
+    d_in: usize,
+    d_out: usize,
+) -> Vec<f64> {
+    let mut y = vec![0.0f64; n * d_out];
+    for r in 0..n {
+        let row = &mut y[r * d_out..(r + 1) * d_out];
+        if let Some(b) = bias {
+            for (o, &bj) in row.iter_mut().zip(b) {
+                *o = f64::from(bj);
+            }
+        }
+        for k in 0..d_in {
+            let xk = f64::from(x[r * d_in + k]);
+            for (o, &wkj) in row.iter_mut().zip(&w[k * d_out..(k + 1) * d_out]) {
+                *o += xk * f64::from(wkj);
+            }
+        }
+    }
+    y
+}

@@ -7,6 +7,7 @@
 //! | 3. top-k per KV head | [`top_k`] | `shaders/topk.wgsl` |
 //! | 4. in-place compaction, append | [`compact_in_place`], [`append_rows`] | `shaders/compact.wgsl`, `shaders/append.wgsl` |
 //! | 5. ragged decode attention | [`decode_attention`] | `shaders/decode.wgsl` |
+//! | 6. skinny projection `x·W + b` | [`linear`] | `shaders/linear.wgsl` |
 //!
 //! Every function validates shapes, lengths, capacities and `head_dim` and returns a
 //! [`KernelError`] before dispatching anything; it then only queues work on the tensors'
@@ -19,6 +20,7 @@ pub mod cpu;
 mod decode;
 mod error;
 mod gpu;
+mod linear;
 mod reduce;
 pub mod shader;
 mod stats;
@@ -28,6 +30,7 @@ pub use compact::{CacheTensors, append_rows, compact_in_place, compact_in_place_
 pub use decode::decode_attention;
 pub use error::{KernelError, Result};
 pub use gpu::{BufferId, buffer_id, int_buffer_id};
+pub use linear::linear;
 pub use reduce::{Reduce, pool1d, reduce_groups};
 pub use shader::MAX_HEAD_DIM;
 pub use stats::{StatsRequest, WindowStats, window_stats};

@@ -26,6 +26,7 @@ pub(crate) const COMPACT_PER_THREAD: u32 = 4;
 pub(crate) const APPEND_WG: u32 = 256;
 pub(crate) const DECODE_WG: u32 = 64;
 pub(crate) const DECODE_PART_LEN: u32 = 512;
+pub(crate) const LINEAR_WG: u32 = 64;
 
 /// One WGSL file of `shaders/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -42,17 +43,23 @@ pub enum Family {
     Append,
     /// `decode.wgsl`: entries `part`, `combine`, `weights`.
     Decode,
+    /// `linear.wgsl` with scalar columns: entries `one`, `four`.
+    Linear,
+    /// `linear.wgsl` with `vec4` columns (`d_out % 4 == 0`): entries `one`, `four`.
+    Linear4,
 }
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 6] = [
+    pub const ALL: [Family; 8] = [
         Family::WindowStats,
         Family::Reduce,
         Family::TopK,
         Family::Compact,
         Family::Append,
         Family::Decode,
+        Family::Linear,
+        Family::Linear4,
     ];
 
     /// File name under `shaders/`.
@@ -64,6 +71,7 @@ impl Family {
             Family::Compact => "compact.wgsl",
             Family::Append => "append.wgsl",
             Family::Decode => "decode.wgsl",
+            Family::Linear | Family::Linear4 => "linear.wgsl",
         }
     }
 
@@ -76,6 +84,7 @@ impl Family {
             Family::Compact => include_str!("../../../shaders/compact.wgsl"),
             Family::Append => include_str!("../../../shaders/append.wgsl"),
             Family::Decode => include_str!("../../../shaders/decode.wgsl"),
+            Family::Linear | Family::Linear4 => include_str!("../../../shaders/linear.wgsl"),
         }
     }
 
@@ -88,6 +97,7 @@ impl Family {
             Family::Compact => &["compact"],
             Family::Append => &["append"],
             Family::Decode => &["part", "combine", "weights"],
+            Family::Linear | Family::Linear4 => &["one", "four"],
         }
     }
 
@@ -99,6 +109,7 @@ impl Family {
             Family::Compact => "compact",
             Family::Append => "append",
             Family::Decode => "decode",
+            Family::Linear | Family::Linear4 => "linear",
         }
     }
 
@@ -117,6 +128,16 @@ impl Family {
             Family::Compact => vec![("wg", COMPACT_WG), ("per_thread", COMPACT_PER_THREAD)],
             Family::Append => vec![("wg", APPEND_WG)],
             Family::Decode => vec![("wg", DECODE_WG), ("d_max", d_max)],
+            Family::Linear | Family::Linear4 => vec![("wg", LINEAR_WG)],
+        }
+    }
+
+    /// Type placeholders (`{{ vtype }}` of `linear.wgsl`).
+    fn types(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Family::Linear => &[("vtype", "f32")],
+            Family::Linear4 => &[("vtype", "vec4<f32>")],
+            _ => &[],
         }
     }
 
@@ -131,6 +152,7 @@ impl Family {
             (Family::Compact, _) => COMPACT_WG,
             (Family::Append, _) => APPEND_WG,
             (Family::Decode, _) => DECODE_WG,
+            (Family::Linear | Family::Linear4, _) => LINEAR_WG,
         }
     }
 }
@@ -140,6 +162,9 @@ pub fn template(family: Family, entry: &str) -> SourceTemplate {
     let mut t = SourceTemplate::new(family.template());
     for (name, value) in family.values() {
         t = t.register(name, value.to_string());
+    }
+    for &(name, ty) in family.types() {
+        t = t.register(name, ty);
     }
     for &e in family.entries() {
         let name = if e == entry {

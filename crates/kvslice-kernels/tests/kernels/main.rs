@@ -6,6 +6,7 @@ mod common;
 mod compact;
 mod decode;
 mod errors;
+mod linear;
 mod reduce;
 mod shaders;
 mod stats;

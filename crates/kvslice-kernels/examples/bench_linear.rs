@@ -1,0 +1,125 @@
+//! Times the skinny projection kernel against Burn's matmul (plus a broadcast bias add, as a
+//! model would write it) on the projections of a SmolLM2-135M decode step.
+//!
+//! ```text
+//! cargo run -p kvslice-kernels --example bench_linear -- [--rows 1,4] [--reps 5] [--bias]
+//! ```
+//!
+//! Prints one Markdown table: milliseconds per call (median of `reps`, after one warm-up, each
+//! timed call followed by a device sync), for `x: [n, d_in]`, `W: [d_in, d_out]`, and the ratio
+//! matmul / kernel. The last line is a whole decode step's projections (30 layers plus the
+//! output head) added up.
+
+use std::time::Instant;
+
+use burn::tensor::{Device, DeviceKind, Tensor, TensorData};
+use kvslice_kernels::linear;
+
+/// (name, d_in, d_out, uses per layer); the head is used once per step.
+const SHAPES: [(&str, usize, usize, usize); 5] = [
+    ("q, o: 576→576", 576, 576, 2),
+    ("k, v: 576→192", 576, 192, 2),
+    ("gate, up: 576→1536", 576, 1536, 2),
+    ("down: 1536→576", 1536, 576, 1),
+    ("head: 576→49152", 576, 49152, 0),
+];
+const LAYERS: usize = 30;
+
+fn values(len: usize, seed: &mut u64) -> Vec<f32> {
+    (0..len)
+        .map(|_| {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn median_ms(dev: &Device, reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    dev.sync().expect("device sync");
+    let mut times: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            dev.sync().expect("device sync");
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+fn main() {
+    let mut rows = vec![1usize, 4];
+    let mut reps = 5usize;
+    let mut with_bias = false;
+    let args: Vec<String> = std::env::args().collect();
+    let mut i = 1;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--rows" => {
+                rows = args[i + 1]
+                    .split(',')
+                    .map(|s| s.parse().expect("row count"))
+                    .collect();
+                i += 1;
+            }
+            "--reps" => {
+                reps = args[i + 1].parse().expect("reps");
+                i += 1;
+            }
+            "--bias" => with_bias = true,
+            other => panic!("unknown argument {other}"),
+        }
+        i += 1;
+    }
+    let dev = Device::wgpu(DeviceKind::DefaultDevice);
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    println!("bias: {with_bias}, reps: {reps}\n");
+    println!("| shape | n | matmul ms | linear ms | matmul / linear |");
+    println!("|---|---:|---:|---:|---:|");
+    for &n in &rows {
+        let (mut step_matmul, mut step_linear) = (0.0, 0.0);
+        for &(name, d_in, d_out, per_layer) in &SHAPES {
+            let x = Tensor::<2>::from_data(
+                TensorData::new(values(n * d_in, &mut seed), [n, d_in]),
+                &dev,
+            );
+            let w = Tensor::<2>::from_data(
+                TensorData::new(values(d_in * d_out, &mut seed), [d_in, d_out]),
+                &dev,
+            );
+            let b = with_bias.then(|| {
+                Tensor::<1>::from_data(TensorData::new(values(d_out, &mut seed), [d_out]), &dev)
+            });
+            let matmul = median_ms(&dev, reps, || {
+                let y = x.clone().matmul(w.clone());
+                let y = match &b {
+                    Some(b) => y + b.clone().unsqueeze::<2>(),
+                    None => y,
+                };
+                drop(y);
+            });
+            let kernel = median_ms(&dev, reps, || {
+                drop(linear(x.clone(), w.clone(), b.clone()).expect("valid shapes"));
+            });
+            let uses = if per_layer == 0 {
+                1
+            } else {
+                per_layer * LAYERS
+            };
+            step_matmul += matmul * uses as f64;
+            step_linear += kernel * uses as f64;
+            println!(
+                "| {name} | {n} | {matmul:.3} | {kernel:.3} | {:.1} |",
+                matmul / kernel
+            );
+        }
+        println!(
+            "| decode step (30 layers + head) | {n} | {step_matmul:.1} | {step_linear:.1} | {:.1} |",
+            step_matmul / step_linear
+        );
+    }
+}
