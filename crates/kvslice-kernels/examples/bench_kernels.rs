@@ -99,6 +99,7 @@ fn naive_stats(
 fn main() {
     let mut sizes = vec![1024usize, 2048, 4096, 8192, 16384, 32768];
     let mut reps = 3usize;
+    let mut only: Option<String> = None;
     let args: Vec<String> = std::env::args().collect();
     let mut i = 1;
     while i < args.len() {
@@ -108,6 +109,10 @@ fn main() {
                     .split(',')
                     .map(|s| s.parse().expect("size"))
                     .collect();
+                i += 1;
+            }
+            "--only" => {
+                only = Some(args[i + 1].clone());
                 i += 1;
             }
             "--reps" => {
@@ -121,6 +126,7 @@ fn main() {
     let dev = Device::wgpu(DeviceKind::DefaultDevice);
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     let mut rows: Vec<(&str, usize, f64, f64)> = Vec::new();
+    let want = |name: &str| only.as_deref().is_none_or(|o| o == name);
 
     for &n in &sizes {
         let q =
@@ -138,38 +144,7 @@ fn main() {
             projection: true,
         };
 
-        // 1. window statistics
-        let kernel = median_ms(&dev, reps, || {
-            let s = window_stats(&q, &k, &v, n, request).unwrap();
-            drop(s);
-        });
-        let naive = median_ms(&dev, reps, || drop(naive_stats(&q, &k, &v, n, &dev)));
-        rows.push(("window statistics", n, kernel, naive));
-
-        // 2. pooling + GQA reduction of a [heads, n] table
-        let table = Tensor::<2>::from_data(TensorData::new(rng.vec(HEADS * n), [HEADS, n]), &dev);
-        let kernel = median_ms(&dev, reps, || {
-            let p = pool1d(&table, POOL, Reduce::Mean).unwrap();
-            drop(reduce_groups(&p, KV_HEADS, Reduce::Mean).unwrap());
-        });
-        let naive = median_ms(&dev, reps, || {
-            let opts = AvgPoolOptions {
-                kernel_size: [POOL],
-                stride: [1],
-                padding: [(POOL / 2, POOL / 2)],
-                count_include_pad: true,
-                ceil_mode: false,
-            };
-            let p = avg_pool1d(table.clone().reshape([HEADS, 1, n]), opts).reshape([
-                KV_HEADS,
-                HEADS / KV_HEADS,
-                n,
-            ]);
-            drop(p.mean_dim(1));
-        });
-        rows.push(("pool + GQA", n, kernel, naive));
-
-        // 3. top-k per KV head (k = n/4, different per head in the kernel's favourite case too)
+        // top-k budgets: a quarter of the keys per KV head, 4 sinks, 32 recent
         let scores =
             Tensor::<2>::from_data(TensorData::new(rng.vec(KV_HEADS * n), [KV_HEADS, n]), &dev);
         let lens = vec![n as u32; KV_HEADS];
@@ -178,96 +153,149 @@ fn main() {
             sinks: 4,
             recent: 32,
         };
-        let kernel = median_ms(&dev, reps, || {
-            drop(top_k(&scores, &lens, &ks, protect).unwrap())
-        });
-        let naive = median_ms(&dev, reps, || {
-            let (_, idx) = scores.clone().topk_with_indices(n / 4, 1);
-            drop(idx.sort(1));
-        });
-        rows.push(("top-k", n, kernel, naive));
 
-        // 4. compaction of K, V and positions to the kept slots
-        let kept = top_k(&scores, &lens, &ks, protect).unwrap();
-        let mut kc = k.clone().add_scalar(0.0);
-        let mut vc = v.clone().add_scalar(0.0);
-        let pos: Vec<i32> = (0..KV_HEADS * n).map(|i| (i % n) as i32).collect();
-        let mut pc = Tensor::<2, Int>::from_data(TensorData::new(pos, [KV_HEADS, n]), &dev);
-        let kernel = median_ms(&dev, reps, || {
-            compact_in_place(
-                CacheTensors {
-                    keys: &mut kc,
-                    values: &mut vc,
-                    positions: &mut pc,
-                },
-                &kept.positions,
-                &kept.counts,
-                &lens,
-            )
-            .unwrap();
-        });
-        let naive = median_ms(&dev, reps, || {
-            for h in 0..KV_HEADS {
-                let idx = kept
-                    .positions
+        // 1. window statistics (the naive route always computes every term)
+        if want("stats") {
+            let kernel = median_ms(&dev, reps, || {
+                drop(window_stats(&q, &k, &v, n, request).unwrap());
+            });
+            let base = median_ms(&dev, reps, || {
+                drop(window_stats(&q, &k, &v, n, StatsRequest::default()).unwrap());
+            });
+            let naive = median_ms(&dev, reps, || drop(naive_stats(&q, &k, &v, n, &dev)));
+            rows.push(("window statistics", n, kernel, naive));
+            rows.push(("window statistics without value terms", n, base, naive));
+        }
+
+        if want("pool") {
+            // 2. pooling + GQA reduction of a [heads, n] table
+            let table =
+                Tensor::<2>::from_data(TensorData::new(rng.vec(HEADS * n), [HEADS, n]), &dev);
+            let kernel = median_ms(&dev, reps, || {
+                let p = pool1d(&table, POOL, Reduce::Mean).unwrap();
+                drop(reduce_groups(&p, KV_HEADS, Reduce::Mean).unwrap());
+            });
+            let naive = median_ms(&dev, reps, || {
+                let opts = AvgPoolOptions {
+                    kernel_size: [POOL],
+                    stride: [1],
+                    padding: [(POOL / 2, POOL / 2)],
+                    count_include_pad: true,
+                    ceil_mode: false,
+                };
+                let p = avg_pool1d(table.clone().reshape([HEADS, 1, n]), opts).reshape([
+                    KV_HEADS,
+                    HEADS / KV_HEADS,
+                    n,
+                ]);
+                drop(p.mean_dim(1));
+            });
+            rows.push(("pool + GQA", n, kernel, naive));
+        }
+
+        if want("topk") {
+            // 3. top-k per KV head (k = n/4, different per head in the kernel's favourite case too)
+            let kernel = median_ms(&dev, reps, || {
+                drop(top_k(&scores, &lens, &ks, protect).unwrap())
+            });
+            let naive = median_ms(&dev, reps, || {
+                // full sort (Burn's `topk` is far slower here), the best n/4, sorted back by
+                // position
+                let (_, idx) = scores.clone().sort_descending_with_indices(1);
+                drop(idx.slice([0..KV_HEADS, 0..n / 4]).sort(1));
+            });
+            rows.push(("top-k", n, kernel, naive));
+        }
+
+        if want("compact") {
+            // 4. compaction of K, V and positions to the kept slots
+            let kept = top_k(&scores, &lens, &ks, protect).unwrap();
+            let mut kc = k.clone().add_scalar(0.0);
+            let mut vc = v.clone().add_scalar(0.0);
+            let pos: Vec<i32> = (0..KV_HEADS * n).map(|i| (i % n) as i32).collect();
+            let mut pc = Tensor::<2, Int>::from_data(TensorData::new(pos, [KV_HEADS, n]), &dev);
+            let kernel = median_ms(&dev, reps, || {
+                compact_in_place(
+                    CacheTensors {
+                        keys: &mut kc,
+                        values: &mut vc,
+                        positions: &mut pc,
+                    },
+                    &kept.positions,
+                    &kept.counts,
+                    &lens,
+                )
+                .unwrap();
+            });
+            let naive = median_ms(&dev, reps, || {
+                for h in 0..KV_HEADS {
+                    let idx = kept
+                        .positions
+                        .clone()
+                        .slice([h..h + 1, 0..n / 4])
+                        .reshape([n / 4]);
+                    drop(
+                        k.clone()
+                            .slice([h..h + 1, 0..n, 0..D])
+                            .select(1, idx.clone()),
+                    );
+                    drop(
+                        v.clone()
+                            .slice([h..h + 1, 0..n, 0..D])
+                            .select(1, idx.clone()),
+                    );
+                    drop(pc.clone().slice([h..h + 1, 0..n]).select(1, idx));
+                }
+            });
+            rows.push(("compaction", n, kernel, naive));
+        }
+
+        if want("decode") {
+            // 5. decode attention with per-slot weights accumulated
+            let qd = Tensor::<2>::from_data(TensorData::new(rng.vec(HEADS * D), [HEADS, D]), &dev);
+            let mut acc = Tensor::<2>::zeros([KV_HEADS, n], &dev);
+            let kernel = median_ms(&dev, reps, || {
+                drop(decode_attention(&qd, &k, &v, &lens, Some(&mut acc)).unwrap())
+            });
+            let naive = median_ms(&dev, reps, || {
+                let g = HEADS / KV_HEADS;
+                let kx = k
                     .clone()
-                    .slice([h..h + 1, 0..n / 4])
-                    .reshape([n / 4]);
-                drop(
-                    k.clone()
-                        .slice([h..h + 1, 0..n, 0..D])
-                        .select(1, idx.clone()),
-                );
-                drop(
-                    v.clone()
-                        .slice([h..h + 1, 0..n, 0..D])
-                        .select(1, idx.clone()),
-                );
-                drop(pc.clone().slice([h..h + 1, 0..n]).select(1, idx));
-            }
-        });
-        rows.push(("compaction", n, kernel, naive));
-
-        // 5. decode attention with per-slot weights accumulated
-        let qd = Tensor::<2>::from_data(TensorData::new(rng.vec(HEADS * D), [HEADS, D]), &dev);
-        let mut acc = Tensor::<2>::zeros([KV_HEADS, n], &dev);
-        let kernel = median_ms(&dev, reps, || {
-            drop(decode_attention(&qd, &k, &v, &lens, Some(&mut acc)).unwrap())
-        });
-        let naive = median_ms(&dev, reps, || {
-            let g = HEADS / KV_HEADS;
-            let kx = k
-                .clone()
-                .reshape([KV_HEADS, 1, n, D])
-                .repeat_dim(1, g)
-                .reshape([HEADS, n, D]);
-            let vx = v
-                .clone()
-                .reshape([KV_HEADS, 1, n, D])
-                .repeat_dim(1, g)
-                .reshape([HEADS, n, D]);
-            let s = qd.clone().reshape([HEADS, 1, D]).matmul(kx.swap_dims(1, 2))
-                * (1.0 / (D as f64).sqrt());
-            let a = softmax(s, 2);
-            let out = a.clone().matmul(vx);
-            let w = a
-                .reshape([KV_HEADS, g, n])
-                .mean_dim(1)
-                .reshape([KV_HEADS, n]);
-            drop(out);
-            drop(acc.clone() + w);
-        });
-        rows.push(("decode attention", n, kernel, naive));
+                    .reshape([KV_HEADS, 1, n, D])
+                    .repeat_dim(1, g)
+                    .reshape([HEADS, n, D]);
+                let vx = v
+                    .clone()
+                    .reshape([KV_HEADS, 1, n, D])
+                    .repeat_dim(1, g)
+                    .reshape([HEADS, n, D]);
+                let s = qd.clone().reshape([HEADS, 1, D]).matmul(kx.swap_dims(1, 2))
+                    * (1.0 / (D as f64).sqrt());
+                let a = softmax(s, 2);
+                let out = a.clone().matmul(vx);
+                let w = a
+                    .reshape([KV_HEADS, g, n])
+                    .mean_dim(1)
+                    .reshape([KV_HEADS, n]);
+                drop(out);
+                drop(acc.clone() + w);
+            });
+            rows.push(("decode attention", n, kernel, naive));
+        }
         eprintln!("n = {n} done");
     }
 
     for kernel_name in [
         "window statistics",
+        "window statistics without value terms",
         "pool + GQA",
         "top-k",
         "compaction",
         "decode attention",
     ] {
+        if rows.iter().all(|r| r.0 != kernel_name) {
+            continue;
+        }
         println!(
             "\n### {kernel_name}\n\n| n | kernel ms | naive ms | naive / kernel |\n|---:|---:|---:|---:|"
         );
