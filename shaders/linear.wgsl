@@ -55,30 +55,21 @@ fn {{ entry_one }}(
     @builtin(local_invocation_index) lid: u32,
 ) {
     _ = touch_bindings();
+    let col = wid.x * WG + lid;
+    let row = wid.z * groups_y() + wid.y;
     let nc = cols();
-    let col_raw = wid.x * WG + lid;
-    let col = min(col_raw, nc - 1u);
-    let row = min(wid.z * groups_y() + wid.y, rows() - 1u);
+    if col >= nc || row >= rows() {
+        return;
+    }
     let din = d_in();
     let xb = row * din;
     var acc = V(0.0);
     var wi = col;
-    var k = 0u;
-    for (; k + 4u <= din; k += 4u) {
-        let x0 = x[xb + k];
-        let x1 = x[xb + k + 1u];
-        let x2 = x[xb + k + 2u];
-        let x3 = x[xb + k + 3u];
-        acc += x0 * w[wi] + x1 * w[wi + nc] + x2 * w[wi + 2u * nc] + x3 * w[wi + 3u * nc];
-        wi += 4u * nc;
-    }
-    for (; k < din; k++) {
+    for (var k = 0u; k < din; k++) {
         acc += x[xb + k] * w[wi];
         wi += nc;
     }
-    if col_raw < nc && wid.z * groups_y() + wid.y < rows() {
-        y[row * nc + col] = acc + bias_at(col);
-    }
+    y[row * nc + col] = acc + bias_at(col);
 }
 
 @compute @workgroup_size(WG)

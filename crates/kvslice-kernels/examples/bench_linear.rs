@@ -2,13 +2,13 @@
 //! model would write it) on the projections of a SmolLM2-135M decode step.
 //!
 //! ```text
-//! cargo run -p kvslice-kernels --example bench_linear -- [--rows 1,4] [--reps 5] [--bias]
+//! cargo run -p kvslice-kernels --example bench_linear -- [--rows 1,4] [--reps 5] [--bias] [--no-head]
 //! ```
 //!
 //! Prints one Markdown table: milliseconds per call (median of `reps`, after one warm-up, each
 //! timed call followed by a device sync), for `x: [n, d_in]`, `W: [d_in, d_out]`, and the ratio
-//! matmul / kernel. The last line is a whole decode step's projections (30 layers plus the
-//! output head) added up.
+//! matmul / kernel. The last line of each `n` adds up a whole decode step's projections (30
+//! layers plus the output head, unless `--no-head`).
 
 use std::time::Instant;
 
@@ -55,6 +55,7 @@ fn main() {
     let mut rows = vec![1usize, 4];
     let mut reps = 5usize;
     let mut with_bias = false;
+    let mut head = true;
     let args: Vec<String> = std::env::args().collect();
     let mut i = 1;
     while i < args.len() {
@@ -71,6 +72,7 @@ fn main() {
                 i += 1;
             }
             "--bias" => with_bias = true,
+            "--no-head" => head = false,
             other => panic!("unknown argument {other}"),
         }
         i += 1;
@@ -83,6 +85,9 @@ fn main() {
     for &n in &rows {
         let (mut step_matmul, mut step_linear) = (0.0, 0.0);
         for &(name, d_in, d_out, per_layer) in &SHAPES {
+            if per_layer == 0 && !head {
+                continue;
+            }
             let x = Tensor::<2>::from_data(
                 TensorData::new(values(n * d_in, &mut seed), [n, d_in]),
                 &dev,
@@ -118,7 +123,7 @@ fn main() {
             );
         }
         println!(
-            "| decode step (30 layers + head) | {n} | {step_matmul:.1} | {step_linear:.1} | {:.1} |",
+            "| decode step | {n} | {step_matmul:.1} | {step_linear:.1} | {:.1} |",
             step_matmul / step_linear
         );
     }

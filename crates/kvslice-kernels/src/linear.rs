@@ -3,8 +3,8 @@
 //! One invocation per output column (four adjacent columns as a `vec4` when `d_out % 4 == 0`),
 //! one or four rows of `x` per invocation, `W` read in its stored `[d_in, d_out]` row-major
 //! layout. Built for few rows (decode steps, `n ≤ 8`); it stays correct for any `n`, but Burn's
-//! tiled matmul wins once `n` grows (crossover measured in `docs/BENCHMARKS.md`, "Linear
-//! kernel").
+//! tiled matmul wins once `n` grows: on lavapipe the kernel is faster up to about 40 rows and
+//! slower from 64 (`docs/BENCHMARKS.md`, "Linear kernel"), so prefill should use the matmul.
 
 use burn::tensor::{DType, Tensor};
 
