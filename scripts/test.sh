@@ -6,12 +6,13 @@ cd "$(dirname "$0")/.."
 scripts/setup-system.sh
 rustup target list --installed | grep -q wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
 
-# Fetch the default model through the CLI (tests compare it against committed golden data).
-cargo build --locked -p kvslice-cli
+# One build of the whole workspace (tests, the CLI binary) in the dev profile.
+cargo test --locked --workspace --no-run
+# The default model, through the CLI (tests compare it against committed golden data).
 target/debug/kvslice fetch
 
 cargo test --locked --workspace --no-fail-fast
 
 # Portability: the library crates below the CLI build for the browser.
-cargo check --locked --target wasm32-unknown-unknown -p kvslice-formats -p kvslice-cache -p kvslice-model -p kvslice-runtime
+cargo check --locked --target wasm32-unknown-unknown -p kvslice-policy -p kvslice-formats -p kvslice-kernels -p kvslice-cache -p kvslice-model -p kvslice-runtime
 echo "all tests passed"

@@ -14,14 +14,16 @@ fn load(device: &Device) -> LoadedModel {
     LoadedModel::open(&default_model(), device).expect("default model loads")
 }
 
-fn check_logits(device: Device, skip_long: bool) {
+/// `max_tokens`: longer prompts are left to the other device (the software Vulkan of CI runs
+/// the ~1,500-token prefill slowly; the CPU backend covers it).
+fn check_logits(device: Device, max_tokens: usize) {
     let loaded = load(&device);
     let golden = golden_json("smollm2/logits.json");
     let mut checked = 0;
     for case in golden["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
         let tokens = ids(&case["token_ids"]);
-        if skip_long && tokens.len() > 512 {
+        if tokens.len() > max_tokens {
             continue;
         }
         // Our tokenizer gives the ids transformers fed.
@@ -59,20 +61,22 @@ fn check_logits(device: Device, skip_long: bool) {
 
 #[test]
 fn logits_match_transformers_on_wgpu() {
-    check_logits(wgpu(), false);
+    check_logits(wgpu(), 512);
 }
 
 #[test]
 fn logits_match_transformers_on_cpu() {
-    // The ~1,500-token case runs on wgpu; the CPU reference covers the others.
-    check_logits(cpu(), true);
+    check_logits(cpu(), usize::MAX);
 }
 
-fn check_greedy(device: Device) {
+fn check_greedy(device: Device, cases: &[&str]) {
     let loaded = load(&device);
     let golden = golden_json("smollm2/greedy.json");
     for case in golden["cases"].as_array().unwrap() {
         let name = case["name"].as_str().unwrap();
+        if !cases.is_empty() && !cases.contains(&name) {
+            continue;
+        }
         let prompt = ids(&case["prompt_ids"]);
         let want = ids(&case["generated_ids"]);
         let mut session = Session::new(&loaded.model, prompt.len() + want.len()).unwrap();
@@ -85,10 +89,10 @@ fn check_greedy(device: Device) {
 
 #[test]
 fn greedy_generation_matches_transformers_on_wgpu() {
-    check_greedy(wgpu());
+    check_greedy(wgpu(), &["chat_capital"]);
 }
 
 #[test]
 fn greedy_generation_matches_transformers_on_cpu() {
-    check_greedy(cpu());
+    check_greedy(cpu(), &[]);
 }

@@ -28,11 +28,11 @@ fn appends_fill_slots_in_order_and_record_positions() {
     assert_eq!(layer.positions()[3], EMPTY_SLOT);
     let (k, v) = layer.view();
     assert_eq!(k.dims(), [2, 3, 3]);
-    let k: Vec<f32> = k.into_data().to_vec().unwrap();
+    let k: Vec<f32> = k.into_data().try_to_vec::<f32>().unwrap();
     // head 0: rows 0..6 of the first append, then 50,51,52; head 1: 6..12 then 53,54,55.
     assert_eq!(&k[..9], &[0., 1., 2., 3., 4., 5., 50., 51., 52.]);
     assert_eq!(&k[9..], &[6., 7., 8., 9., 10., 11., 53., 54., 55.]);
-    let v: Vec<f32> = v.into_data().to_vec().unwrap();
+    let v: Vec<f32> = v.into_data().try_to_vec::<f32>().unwrap();
     assert_eq!(&v[6..9], &[150., 151., 152.]);
     // Layer 0 untouched.
     assert_eq!(cache.layer(0).unwrap().lens(), &[0, 0]);
@@ -58,7 +58,7 @@ fn ragged_heads_append_at_their_own_end() {
     assert_eq!(layer.head_positions(0), &[2, 3]);
     assert_eq!(layer.head_positions(1), &[0, 2, 3]);
     let (k, _) = layer.storage();
-    let k: Vec<f32> = k.clone().into_data().to_vec().unwrap();
+    let k: Vec<f32> = k.clone().into_data().try_to_vec::<f32>().unwrap();
     // head 0 slot 0 = old slot 2 (6,7,8), slot 1 = new row (90,91,92)
     assert_eq!(&k[0..6], &[6., 7., 8., 90., 91., 92.]);
     // head 1 slots: old 0 (9,10,11), old 2 (15,16,17), new (93,94,95)

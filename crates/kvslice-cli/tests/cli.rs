@@ -102,7 +102,7 @@ fn bad_options_are_one_line_errors() {
     let model = default_model();
     let out = kvslice(&["generate", "--model", &model, "--prompt", "hi", "--device", "tpu"]);
     assert!(one_line_error(&out).contains("tpu"));
-    let out = kvslice(&["generate", "--model", &model, "--prompt", "hi", "--temperature", "-1", "--device", "cpu"]);
+    let out = kvslice(&["generate", "--model", &model, "--prompt", "hi", "--temperature=-1", "--device", "cpu"]);
     assert!(one_line_error(&out).contains("temperature"));
     // A prompt longer than the 8192-token context.
     let long = "word ".repeat(9000);

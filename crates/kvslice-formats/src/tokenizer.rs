@@ -205,7 +205,12 @@ impl Tokenizer {
                 .ok_or_else(|| bad_key(key, "expected an array of strings"))
         };
         let tokens = strings("tokenizer.ggml.tokens")?;
-        let merges_raw = strings("tokenizer.ggml.merges")?;
+        // GGUF writers drop an empty merges array, so a missing key means "no merges" (a
+        // byte-level vocabulary with no multi-byte tokens), as llama.cpp and transformers read it.
+        let merges_raw: &[String] = match gguf.get("tokenizer.ggml.merges") {
+            None => &[],
+            Some(_) => strings("tokenizer.ggml.merges")?,
+        };
         let n = tokens.len();
         if n == 0 || u32::try_from(n).is_err() {
             return Err(bad_key("tokenizer.ggml.tokens", format!("{n} tokens")));

@@ -42,6 +42,10 @@ pub struct Linear {
     pub bias: Option<Param<Tensor<1>>>,
 }
 
+/// Up to this many rows, projections on wgpu use kvslice's skinny-product kernel (decode);
+/// above, Burn's tiled matmul (prefill).
+pub const SKINNY_ROWS: usize = 4;
+
 impl Linear {
     /// # Shapes
     /// `x: [n, d_in]` → `[n, d_out]`
@@ -51,6 +55,22 @@ impl Linear {
             Some(b) => y + b.val().unsqueeze::<2>(),
             None => y,
         }
+    }
+
+    /// [`Linear::forward`], through the WGSL skinny-product kernel when `kernels` is set (the
+    /// weights live on wgpu) and `x` has few rows.
+    ///
+    /// # Shapes
+    /// `x: [n, d_in]` → `[n, d_out]`
+    pub fn forward_on(&self, x: Tensor<2>, kernels: bool) -> Tensor<2> {
+        if kernels && x.dims()[0] <= SKINNY_ROWS {
+            let bias = self.bias.as_ref().map(|b| b.val());
+            // Shapes were validated at load; an error here can only be a non-wgpu tensor.
+            if let Ok(y) = kvslice_kernels::linear(x.clone(), self.weight.val(), bias) {
+                return y;
+            }
+        }
+        self.forward(x)
     }
 }
 
@@ -77,9 +97,9 @@ pub struct Mlp {
 impl Mlp {
     /// # Shapes
     /// `x: [n, hidden]` → `[n, hidden]`
-    pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        let gate = silu(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+    pub fn forward(&self, x: Tensor<2>, kernels: bool) -> Tensor<2> {
+        let gate = silu(self.gate_proj.forward_on(x.clone(), kernels));
+        self.down_proj.forward_on(gate * self.up_proj.forward_on(x, kernels), kernels)
     }
 }
 
@@ -131,6 +151,8 @@ pub struct Llama {
     pub weights: LlamaWeights,
     inv_freq: Vec<f32>,
     device: Device,
+    /// The weights live on wgpu: kvslice's own WGSL kernels can run on them.
+    kernels: bool,
 }
 
 impl Llama {
@@ -145,7 +167,8 @@ impl Llama {
             )));
         }
         let inv_freq = rope::inv_freq(&config);
-        Ok(Self { config, weights, inv_freq, device })
+        let kernels = kvslice_kernels::buffer_id(&weights.lm_head.val()).is_some();
+        Ok(Self { config, weights, inv_freq, device, kernels })
     }
 
     pub fn device(&self) -> &Device {
@@ -186,7 +209,7 @@ impl Llama {
             let attn = self.attention(index, &layer.self_attn, h, &rotary, positions, cache)?;
             x = x + attn;
             let h = layer.post_attention_layernorm.forward(x.clone());
-            x = x + layer.mlp.forward(h);
+            x = x + layer.mlp.forward(h, self.kernels);
         }
         Ok(self.weights.norm.forward(x))
     }
@@ -196,7 +219,8 @@ impl Llama {
     /// # Shapes
     /// `hidden: [n, hidden]` → `[n, vocab]`
     pub fn logits(&self, hidden: Tensor<2>) -> Tensor<2> {
-        hidden.matmul(self.weights.lm_head.val())
+        let head = Linear { weight: self.weights.lm_head.clone(), bias: None };
+        head.forward_on(hidden, self.kernels)
     }
 
     /// # Shapes
@@ -215,12 +239,25 @@ impl Llama {
         let group = heads / kv_heads;
         // [n, heads * d] → [heads, n, d]
         let split = |t: Tensor<2>, h: usize| t.reshape([n, h, d]).swap_dims(0, 1);
-        let q = rotary.apply(split(attn.q_proj.forward(x.clone()), heads));
-        let k = rotary.apply(split(attn.k_proj.forward(x.clone()), kv_heads));
-        let v = split(attn.v_proj.forward(x), kv_heads);
+        let q = rotary.apply(split(attn.q_proj.forward_on(x.clone(), self.kernels), heads));
+        let k = rotary.apply(split(attn.k_proj.forward_on(x.clone(), self.kernels), kv_heads));
+        let v = split(attn.v_proj.forward_on(x, self.kernels), kv_heads);
         cache.append(layer, k, v, positions)?;
 
         let stored = cache.layer(layer)?;
+        if self.kernels && n == 1 {
+            let qp = positions[0];
+            let lens: Vec<u32> = stored.lens().iter().map(|&l| l as u32).collect();
+            let all_visible = (0..kv_heads).all(|h| stored.head_positions(h).iter().all(|&p| p <= qp));
+            if all_visible {
+                // One query per head over each head's own length: the ragged decode kernel.
+                let (keys, values) = stored.storage();
+                let q1 = q.clone().reshape([heads, d]);
+                if let Ok(out) = kvslice_kernels::decode_attention(&q1, keys, values, &lens, None) {
+                    return Ok(attn.o_proj.forward_on(out.reshape([1, heads * d]), self.kernels));
+                }
+            }
+        }
         let (keys, values) = stored.view();
         let len = stored.max_len();
         let mask = attention_mask(stored, positions, &self.device);
@@ -251,7 +288,7 @@ impl Llama {
         }
         let out = if outputs.len() == 1 { outputs.pop().unwrap() } else { Tensor::cat(outputs, 1) };
         let out = out.swap_dims(0, 1).reshape([n, heads * d]);
-        Ok(attn.o_proj.forward(out))
+        Ok(attn.o_proj.forward_on(out, self.kernels))
     }
 }
 

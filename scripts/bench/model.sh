@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Model speed in one run: kvslice on wgpu and on the CPU backend, then HF transformers (fp32,
+# one thread) for scale. Usage: scripts/bench/model.sh [PYTHON_WITH_TRANSFORMERS]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+cargo build --locked -p kvslice-cli
+KV=target/debug/kvslice
+MODEL=$($KV fetch)
+ARGS="--prefill 512,2048 --decode-depth 16,4096 --decode-steps 16"
+echo "## kvslice, wgpu"; $KV bench -v $ARGS --device wgpu 2>&1 | grep -v XDG_RUNTIME_DIR
+echo "## kvslice, cpu"; $KV bench -v $ARGS --device cpu
+if [ -n "${1:-}" ]; then
+    echo "## HF transformers, cpu, fp32, 1 thread"
+    HF_HUB_OFFLINE=1 "$1" scripts/bench/hf_reference.py "$MODEL" --threads 1
+fi
