@@ -83,7 +83,13 @@ fn check_greedy(device: Device, cases: &[&str]) {
         // No stop token: transformers' reference decodes past EOS for the full count.
         let options = GenerateOptions { max_new_tokens: want.len(), sampler: Sampler::greedy(), stop_tokens: vec![] };
         let (got, _) = pollster::block_on(session.generate(&prompt, &options, |_| true)).unwrap();
-        assert_eq!(got, want, "{name}: greedy tokens\n ours: {:?}\n want: {:?}", loaded.decode(&got), case["generated_text"]);
+        assert_eq!(
+            got,
+            want,
+            "{name}: greedy tokens\n ours: {:?}\n want: {:?}",
+            loaded.decode(&got),
+            case["generated_text"]
+        );
     }
 }
 

@@ -18,7 +18,13 @@ fn hf_weights(name: &str) -> SafetensorsWeights<Vec<u8>> {
     } else {
         vec!["model.safetensors".to_string()]
     };
-    let shards = files.into_iter().map(|f| { let b = std::fs::read(dir.join(&f)).unwrap(); (f, b) }).collect();
+    let shards = files
+        .into_iter()
+        .map(|f| {
+            let b = std::fs::read(dir.join(&f)).unwrap();
+            (f, b)
+        })
+        .collect();
     SafetensorsWeights::new(config, shards).unwrap()
 }
 
@@ -91,7 +97,13 @@ fn mistral_sharded_safetensors() {
 
 #[test]
 fn gguf_every_supported_type() {
-    for file in ["tiny-llama-F32.gguf", "tiny-llama-F16.gguf", "tiny-llama-Q8_0.gguf", "tiny-llama-Q4_0.gguf", "tiny-llama-Q4_1.gguf"] {
+    for file in [
+        "tiny-llama-F32.gguf",
+        "tiny-llama-F16.gguf",
+        "tiny-llama-Q8_0.gguf",
+        "tiny-llama-Q4_0.gguf",
+        "tiny-llama-Q4_1.gguf",
+    ] {
         gguf_case(file, cpu());
         gguf_case(file, wgpu());
     }

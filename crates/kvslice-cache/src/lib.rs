@@ -135,22 +135,13 @@ impl LayerKv {
     /// Keys and values of slots `0..max_len()`: `[kv_heads, max_len, head_dim]` each.
     pub fn view(&self) -> (Tensor<3>, Tensor<3>) {
         let len = self.max_len();
-        (
-            self.keys.clone().narrow(1, 0, len),
-            self.values.clone().narrow(1, 0, len),
-        )
+        (self.keys.clone().narrow(1, 0, len), self.values.clone().narrow(1, 0, len))
     }
 
     /// Appends `n` tokens to every head. `keys`/`values`: `[kv_heads, n, head_dim]`;
     /// `positions`: the `n` source positions. Heads of different lengths each append at their
     /// own end. Writes in place into the preallocated storage.
-    pub fn append(
-        &mut self,
-        layer: usize,
-        keys: Tensor<3>,
-        values: Tensor<3>,
-        positions: &[u32],
-    ) -> Result<()> {
+    pub fn append(&mut self, layer: usize, keys: Tensor<3>, values: Tensor<3>, positions: &[u32]) -> Result<()> {
         let n = positions.len();
         let expected = vec![self.kv_heads, n, self.head_dim];
         for (what, t) in [("keys", &keys), ("values", &values)] {
@@ -179,8 +170,7 @@ impl LayerKv {
                 let at = self.lens[h];
                 let range = [h..h + 1, at..at + n, 0..d];
                 self.keys = self.keys.clone().slice_assign(range.clone(), keys.clone().narrow(0, h, 1));
-                self.values =
-                    self.values.clone().slice_assign(range, values.clone().narrow(0, h, 1));
+                self.values = self.values.clone().slice_assign(range, values.clone().narrow(0, h, 1));
             }
         }
         for h in 0..self.kv_heads {

@@ -1,7 +1,7 @@
 //! The cache on Burn's CPU backend: appends land in place at each head's end, metadata follows.
 
 use burn::tensor::{Device, Tensor, TensorData};
-use kvslice_cache::{CacheError, CacheGeometry, KvCache, KvStore, EMPTY_SLOT};
+use kvslice_cache::{CacheError, CacheGeometry, EMPTY_SLOT, KvCache, KvStore};
 
 fn device() -> Device {
     Device::flex()
@@ -73,7 +73,10 @@ fn bad_appends_are_errors_before_any_write() {
     assert!(matches!(err, Err(CacheError::Full { capacity: 4, requested: 5, .. })));
     let err = cache.append(0, rows(3, 1, 3, 0.0, &dev), rows(2, 1, 3, 0.0, &dev), &[0]);
     assert!(matches!(err, Err(CacheError::ShapeMismatch { what: "keys", .. })));
-    assert!(matches!(cache.append(9, rows(2, 1, 3, 0.0, &dev), rows(2, 1, 3, 0.0, &dev), &[0]), Err(CacheError::LayerOutOfRange { .. })));
+    assert!(matches!(
+        cache.append(9, rows(2, 1, 3, 0.0, &dev), rows(2, 1, 3, 0.0, &dev), &[0]),
+        Err(CacheError::LayerOutOfRange { .. })
+    ));
     assert_eq!(cache.occupied_slots(), 0);
     let dup = cache.layer_mut(0).unwrap().set_metadata(vec![2, 0], vec![vec![1, 1], vec![]]);
     assert!(matches!(dup, Err(CacheError::BadKeep { head: 0, .. })));

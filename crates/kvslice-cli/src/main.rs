@@ -11,7 +11,11 @@ use clap::{Parser, Subcommand};
 use kvslice_runtime::{DeviceChoice, GenerateOptions, LoadedModel, Sampler, Session, init_device};
 
 #[derive(Parser)]
-#[command(name = "kvslice", version, about = "LLM inference with adaptive KV-cache eviction, on any GPU WebGPU reaches")]
+#[command(
+    name = "kvslice",
+    version,
+    about = "LLM inference with adaptive KV-cache eviction, on any GPU WebGPU reaches"
+)]
 struct Cli {
     /// Print the adapter and loading details on stderr.
     #[arg(short, long, global = true)]
@@ -102,7 +106,11 @@ fn run(cli: Cli) -> Result<()> {
                 }
                 match loaded.decode(&generated) {
                     // Print only whole characters: a token may end inside a UTF-8 sequence.
-                    Ok(text) if !text.ends_with('\u{FFFD}') && text.len() >= printed.len() && text.starts_with(printed.as_str()) => {
+                    Ok(text)
+                        if !text.ends_with('\u{FFFD}')
+                            && text.len() >= printed.len()
+                            && text.starts_with(printed.as_str()) =>
+                    {
                         let _ = stdout.write_all(text[printed.len()..].as_bytes());
                         let _ = stdout.flush();
                         printed = text;
@@ -118,7 +126,9 @@ fn run(cli: Cli) -> Result<()> {
             if let Some(e) = stream_err {
                 return Err(e.into());
             }
-            let text = loaded.decode(generated.iter().copied().filter(|t| !options.stop_tokens.contains(t)).collect::<Vec<_>>().as_slice())?;
+            let text = loaded.decode(
+                generated.iter().copied().filter(|t| !options.stop_tokens.contains(t)).collect::<Vec<_>>().as_slice(),
+            )?;
             if let Some(rest) = text.strip_prefix(printed.as_str()) {
                 print!("{rest}");
             }

@@ -57,8 +57,14 @@ fn logits_prints_tokens_and_top_k_as_json() {
 fn generate_streams_text_and_reports_speed() {
     let model = default_model();
     let out = kvslice(&[
-        "generate", "--model", &model, "--chat", "--prompt", "What is the capital of France? Answer in one sentence.",
-        "--max-new-tokens", "12",
+        "generate",
+        "--model",
+        &model,
+        "--chat",
+        "--prompt",
+        "What is the capital of France? Answer in one sentence.",
+        "--max-new-tokens",
+        "12",
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();

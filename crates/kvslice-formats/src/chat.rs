@@ -22,10 +22,7 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
+        ChatMessage { role: role.into(), content: content.into() }
     }
 
     pub fn user(content: impl Into<String>) -> Self {
@@ -57,9 +54,7 @@ enum Part {
 }
 
 fn unsupported(reason: impl Into<String>) -> FormatError {
-    FormatError::UnsupportedChatTemplate {
-        reason: reason.into(),
-    }
+    FormatError::UnsupportedChatTemplate { reason: reason.into() }
 }
 
 /// Split a tag body into tokens: string literals (unescaped) and code characters
@@ -85,20 +80,14 @@ fn canonical(body: &str) -> Result<(String, Vec<Part>)> {
                             Some('r') => lit.push('\r'),
                             Some(e @ ('\\' | '\'' | '"')) => lit.push(e),
                             other => {
-                                return Err(unsupported(format!(
-                                    "unsupported escape \\{other:?} in a string literal"
-                                )));
+                                return Err(unsupported(format!("unsupported escape \\{other:?} in a string literal")));
                             }
                         },
                         Some(ch) => lit.push(ch),
                     }
                 }
                 canon.push('\'');
-                canon.push_str(
-                    &lit.replace('\\', "\\\\")
-                        .replace('\n', "\\n")
-                        .replace('\'', "\\'"),
-                );
+                canon.push_str(&lit.replace('\\', "\\\\").replace('\n', "\\n").replace('\'', "\\'"));
                 canon.push('\'');
                 parts.last_mut().unwrap().push((true, lit));
             }
@@ -127,11 +116,7 @@ fn canonical(body: &str) -> Result<(String, Vec<Part>)> {
         let part = if p.len() == 1 && p[0].0 {
             Part::Lit(p[0].1.clone())
         } else {
-            Part::Code(
-                p.iter()
-                    .map(|(is_lit, s)| if *is_lit { format!("'{s}'") } else { s.clone() })
-                    .collect(),
-            )
+            Part::Code(p.iter().map(|(is_lit, s)| if *is_lit { format!("'{s}'") } else { s.clone() }).collect())
         };
         match (folded.last_mut(), part) {
             (Some(Part::Lit(prev)), Part::Lit(s)) => prev.push_str(&s),
@@ -146,10 +131,7 @@ fn parse_nodes(src: &str) -> Result<Vec<Node>> {
     let mut rest = src;
     let mut trim_next = false;
     loop {
-        let next = [rest.find("{{"), rest.find("{%"), rest.find("{#")]
-            .into_iter()
-            .flatten()
-            .min();
+        let next = [rest.find("{{"), rest.find("{%"), rest.find("{#")].into_iter().flatten().min();
         let (text, tail) = match next {
             Some(i) => (&rest[..i], Some(&rest[i..])),
             None => (rest, None),
@@ -178,9 +160,7 @@ fn parse_nodes(src: &str) -> Result<Vec<Node>> {
         if !text.is_empty() {
             nodes.push(Node::Text(text.to_string()));
         }
-        let end = tail
-            .find(close)
-            .ok_or_else(|| unsupported(format!("unclosed {open}")))?;
+        let end = tail.find(close).ok_or_else(|| unsupported(format!("unclosed {open}")))?;
         let mut body = &tail[body_start..end];
         trim_next = body.ends_with('-');
         if trim_next {
@@ -220,34 +200,26 @@ impl ChatTemplate {
             stmt("endif"),
         ];
         if nodes.first() != Some(&stmt("formessageinmessages")) {
-            return Err(unsupported(
-                "it does not start with `for message in messages`",
-            ));
+            return Err(unsupported("it does not start with `for message in messages`"));
         }
         let (default_system, body) = match nodes.get(1) {
             Some(Node::Stmt(s)) if s == "ifloop.firstandmessages[0]['role']!='system'" => {
                 let sys = match (nodes.get(2), nodes.get(3)) {
-                    (Some(Node::Expr(parts)), Some(Node::Stmt(end))) if end == "endif" => {
-                        match parts.as_slice() {
-                            [Part::Lit(s)] => s
-                                .strip_prefix("<|im_start|>system\n")
-                                .and_then(|s| s.strip_suffix("<|im_end|>\n")),
-                            _ => None,
+                    (Some(Node::Expr(parts)), Some(Node::Stmt(end))) if end == "endif" => match parts.as_slice() {
+                        [Part::Lit(s)] => {
+                            s.strip_prefix("<|im_start|>system\n").and_then(|s| s.strip_suffix("<|im_end|>\n"))
                         }
-                    }
+                        _ => None,
+                    },
                     _ => None,
                 };
-                let sys = sys.ok_or_else(|| {
-                    unsupported("the default system block is not a ChatML system message")
-                })?;
+                let sys = sys.ok_or_else(|| unsupported("the default system block is not a ChatML system message"))?;
                 (Some(sys.to_string()), &nodes[4..])
             }
             _ => (None, &nodes[1..]),
         };
         if body != tail {
-            return Err(unsupported(
-                "the message loop is not ChatML (`<|im_start|>role\\ncontent<|im_end|>\\n`)",
-            ));
+            return Err(unsupported("the message loop is not ChatML (`<|im_start|>role\\ncontent<|im_end|>\\n`)"));
         }
         Ok(ChatTemplate::ChatMl { default_system })
     }
@@ -286,21 +258,13 @@ mod tests {
     fn plain_chatml_with_escapes_and_trim_markers() {
         let src = "{%- for message in messages -%}\n  {{- \"<|im_start|>\" + message['role'] + '\\n' + message[\"content\"] + '<|im_end|>' + '\\n' -}}\n{%- endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
         let t = ChatTemplate::parse(src).unwrap();
-        assert_eq!(
-            t,
-            ChatTemplate::ChatMl {
-                default_system: None
-            }
-        );
+        assert_eq!(t, ChatTemplate::ChatMl { default_system: None });
         // Hand-written expected output.
         assert_eq!(
             t.render(&[ChatMessage::user("Hi")], true),
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
         );
-        assert_eq!(
-            t.render(&[ChatMessage::user("Hi")], false),
-            "<|im_start|>user\nHi<|im_end|>\n"
-        );
+        assert_eq!(t.render(&[ChatMessage::user("Hi")], false), "<|im_start|>user\nHi<|im_end|>\n");
     }
 
     #[test]
@@ -312,13 +276,7 @@ mod tests {
             "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}",
             "{{ 'unterminated }}",
         ] {
-            assert!(
-                matches!(
-                    ChatTemplate::parse(src),
-                    Err(FormatError::UnsupportedChatTemplate { .. })
-                ),
-                "{src}"
-            );
+            assert!(matches!(ChatTemplate::parse(src), Err(FormatError::UnsupportedChatTemplate { .. })), "{src}");
         }
     }
 }

@@ -20,9 +20,7 @@ impl Architecture {
             "llama" | "LlamaForCausalLM" => Ok(Architecture::Llama),
             "mistral" | "MistralForCausalLM" => Ok(Architecture::Mistral),
             "qwen2" | "Qwen2ForCausalLM" => Ok(Architecture::Qwen2),
-            other => Err(FormatError::UnknownArchitecture {
-                name: other.to_string(),
-            }),
+            other => Err(FormatError::UnknownArchitecture { name: other.to_string() }),
         }
     }
 
@@ -41,12 +39,7 @@ pub enum RopeScaling {
     /// Positions divided by `factor`.
     Linear { factor: f32 },
     /// Llama 3's wavelength-dependent scaling.
-    Llama3 {
-        factor: f32,
-        low_freq_factor: f32,
-        high_freq_factor: f32,
-        original_max_position_embeddings: usize,
-    },
+    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position_embeddings: usize },
 }
 
 /// Everything the model needs to know about its shape.
@@ -86,9 +79,7 @@ pub struct ModelConfig {
 }
 
 fn cfg_err(reason: impl Into<String>) -> FormatError {
-    FormatError::BadConfig {
-        reason: reason.into(),
-    }
+    FormatError::BadConfig { reason: reason.into() }
 }
 
 fn req_usize(j: &Value, key: &str) -> Result<usize> {
@@ -109,28 +100,20 @@ fn opt_usize(j: &Value, key: &str) -> Result<Option<usize>> {
 fn opt_f64(j: &Value, key: &str) -> Result<Option<f64>> {
     match j.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_f64()
-            .map(Some)
-            .ok_or_else(|| cfg_err(format!("{key} must be a number, got {v}"))),
+        Some(v) => v.as_f64().map(Some).ok_or_else(|| cfg_err(format!("{key} must be a number, got {v}"))),
     }
 }
 
 fn opt_bool(j: &Value, key: &str) -> Result<Option<bool>> {
     match j.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_bool()
-            .map(Some)
-            .ok_or_else(|| cfg_err(format!("{key} must be a bool, got {v}"))),
+        Some(v) => v.as_bool().map(Some).ok_or_else(|| cfg_err(format!("{key} must be a bool, got {v}"))),
     }
 }
 
 fn token_ids(j: &Value, key: &str) -> Result<Vec<u32>> {
     let one = |v: &Value| {
-        v.as_u64()
-            .and_then(|x| u32::try_from(x).ok())
-            .ok_or_else(|| cfg_err(format!("{key}: bad token id {v}")))
+        v.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(|| cfg_err(format!("{key}: bad token id {v}")))
     };
     match j.get(key) {
         None | Some(Value::Null) => Ok(vec![]),
@@ -141,21 +124,13 @@ fn token_ids(j: &Value, key: &str) -> Result<Vec<u32>> {
 
 /// RoPE scaling from an HF dict (`rope_scaling`, or transformers 5's `rope_parameters`).
 fn rope_scaling_from(d: &Value) -> Result<Option<RopeScaling>> {
-    let kind = d
-        .get("rope_type")
-        .or_else(|| d.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
+    let kind = d.get("rope_type").or_else(|| d.get("type")).and_then(Value::as_str).unwrap_or("default");
     let f = |key: &str| -> Result<f32> {
-        opt_f64(d, key)?
-            .map(|x| x as f32)
-            .ok_or_else(|| cfg_err(format!("rope scaling: missing {key}")))
+        opt_f64(d, key)?.map(|x| x as f32).ok_or_else(|| cfg_err(format!("rope scaling: missing {key}")))
     };
     Ok(match kind {
         "default" => None,
-        "linear" => Some(RopeScaling::Linear {
-            factor: f("factor")?,
-        }),
+        "linear" => Some(RopeScaling::Linear { factor: f("factor")? }),
         "llama3" => Some(RopeScaling::Llama3 {
             factor: f("factor")?,
             low_freq_factor: f("low_freq_factor")?,
@@ -163,9 +138,7 @@ fn rope_scaling_from(d: &Value) -> Result<Option<RopeScaling>> {
             original_max_position_embeddings: req_usize(d, "original_max_position_embeddings")?,
         }),
         other => {
-            return Err(cfg_err(format!(
-                "unsupported rope scaling type {other:?} (supported: linear, llama3)"
-            )));
+            return Err(cfg_err(format!("unsupported rope scaling type {other:?} (supported: linear, llama3)")));
         }
     })
 }
@@ -189,12 +162,8 @@ impl ModelConfig {
         let architecture = Architecture::from_name(&arch_name)?;
         let hidden_size = req_usize(&j, "hidden_size")?;
         let num_attention_heads = req_usize(&j, "num_attention_heads")?;
-        let num_key_value_heads =
-            opt_usize(&j, "num_key_value_heads")?.unwrap_or(num_attention_heads);
-        if num_attention_heads == 0
-            || num_key_value_heads == 0
-            || num_attention_heads % num_key_value_heads != 0
-        {
+        let num_key_value_heads = opt_usize(&j, "num_key_value_heads")?.unwrap_or(num_attention_heads);
+        if num_attention_heads == 0 || num_key_value_heads == 0 || num_attention_heads % num_key_value_heads != 0 {
             return Err(cfg_err(format!(
                 "num_attention_heads {num_attention_heads} is not a positive multiple of num_key_value_heads {num_key_value_heads}"
             )));
@@ -203,17 +172,12 @@ impl ModelConfig {
             Some(d) => d,
             None if hidden_size % num_attention_heads == 0 => hidden_size / num_attention_heads,
             None => {
-                return Err(cfg_err(
-                    "hidden_size is not a multiple of num_attention_heads and head_dim is absent",
-                ));
+                return Err(cfg_err("hidden_size is not a multiple of num_attention_heads and head_dim is absent"));
             }
         };
         let rope_params = j.get("rope_parameters").filter(|v| v.is_object());
         let rope_theta = opt_f64(&j, "rope_theta")?
-            .or(rope_params
-                .map(|p| opt_f64(p, "rope_theta"))
-                .transpose()?
-                .flatten())
+            .or(rope_params.map(|p| opt_f64(p, "rope_theta")).transpose()?.flatten())
             .unwrap_or(10000.0) as f32;
         let rope_scaling = match (j.get("rope_scaling").filter(|v| v.is_object()), rope_params) {
             (Some(s), _) => rope_scaling_from(s)?,
@@ -264,32 +228,21 @@ impl ModelConfig {
         let architecture = match arch_name {
             "llama" | "mistral" | "qwen2" => Architecture::from_name(arch_name)?,
             other => {
-                return Err(FormatError::UnknownArchitecture {
-                    name: other.to_string(),
-                });
+                return Err(FormatError::UnknownArchitecture { name: other.to_string() });
             }
         };
         let key = |k: &str| format!("{arch_name}.{k}");
         let req = |k: &str| -> Result<usize> {
             let full = key(k);
-            let v = gguf
-                .get_u64(&full)?
-                .ok_or(FormatError::MissingKey { key: full.clone() })?;
-            usize::try_from(v).map_err(|_| FormatError::BadMetadata {
-                key: full,
-                reason: format!("{v} is too large"),
-            })
+            let v = gguf.get_u64(&full)?.ok_or(FormatError::MissingKey { key: full.clone() })?;
+            usize::try_from(v).map_err(|_| FormatError::BadMetadata { key: full, reason: format!("{v} is too large") })
         };
-        let opt = |k: &str| -> Result<Option<usize>> {
-            Ok(gguf.get_u64(&key(k))?.and_then(|v| usize::try_from(v).ok()))
-        };
+        let opt =
+            |k: &str| -> Result<Option<usize>> { Ok(gguf.get_u64(&key(k))?.and_then(|v| usize::try_from(v).ok())) };
         let hidden_size = req("embedding_length")?;
         let num_attention_heads = req("attention.head_count")?;
         let num_key_value_heads = opt("attention.head_count_kv")?.unwrap_or(num_attention_heads);
-        if num_attention_heads == 0
-            || num_key_value_heads == 0
-            || num_attention_heads % num_key_value_heads != 0
-        {
+        if num_attention_heads == 0 || num_key_value_heads == 0 || num_attention_heads % num_key_value_heads != 0 {
             return Err(FormatError::BadMetadata {
                 key: key("attention.head_count_kv"),
                 reason: format!(
@@ -308,9 +261,7 @@ impl ModelConfig {
                 None => gguf
                     .tensor_info("token_embd.weight")
                     .map(|t| t.shape()[0])
-                    .ok_or_else(|| FormatError::MissingKey {
-                        key: key("vocab_size"),
-                    })?,
+                    .ok_or_else(|| FormatError::MissingKey { key: key("vocab_size") })?,
             },
         };
         let rope_scaling = match gguf.get(&key("rope.scaling.type")) {
@@ -327,9 +278,7 @@ impl ModelConfig {
                     other => {
                         return Err(FormatError::BadMetadata {
                             key: key("rope.scaling.type"),
-                            reason: format!(
-                                "unsupported rope scaling {other:?} (supported: none, linear)"
-                            ),
+                            reason: format!("unsupported rope scaling {other:?} (supported: none, linear)"),
                         });
                     }
                 }
@@ -338,8 +287,7 @@ impl ModelConfig {
         if gguf.tensor_info("rope_freqs.weight").is_some() {
             return Err(FormatError::BadMetadata {
                 key: "rope_freqs.weight".into(),
-                reason: "per-frequency RoPE factors (Llama 3 scaling in GGUF) are not supported"
-                    .into(),
+                reason: "per-frequency RoPE factors (Llama 3 scaling in GGUF) are not supported".into(),
             });
         }
         let cfg = ModelConfig {
@@ -350,17 +298,13 @@ impl ModelConfig {
             num_attention_heads,
             num_key_value_heads,
             head_dim,
-            rms_norm_eps: gguf
-                .get_f64(&key("attention.layer_norm_rms_epsilon"))?
-                .unwrap_or(1e-5) as f32,
+            rms_norm_eps: gguf.get_f64(&key("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5) as f32,
             rope_theta: gguf.get_f64(&key("rope.freq_base"))?.unwrap_or(10000.0) as f32,
             rope_scaling,
             max_position_embeddings: req("context_length")?,
             vocab_size,
             tie_word_embeddings: gguf.tensor_info("output.weight").is_none(),
-            bos_token_id: gguf
-                .get_u64("tokenizer.ggml.bos_token_id")?
-                .and_then(|v| u32::try_from(v).ok()),
+            bos_token_id: gguf.get_u64("tokenizer.ggml.bos_token_id")?.and_then(|v| u32::try_from(v).ok()),
             eos_token_ids: gguf
                 .get_u64("tokenizer.ggml.eos_token_id")?
                 .and_then(|v| u32::try_from(v).ok())
@@ -391,16 +335,10 @@ impl ModelConfig {
             }
         }
         if !self.head_dim.is_multiple_of(2) {
-            return Err(cfg_err(format!(
-                "head_dim {} is odd; RoPE needs pairs",
-                self.head_dim
-            )));
+            return Err(cfg_err(format!("head_dim {} is odd; RoPE needs pairs", self.head_dim)));
         }
         if self.num_attention_heads > 4096 {
-            return Err(cfg_err(format!(
-                "num_attention_heads = {} is out of range",
-                self.num_attention_heads
-            )));
+            return Err(cfg_err(format!("num_attention_heads = {} is out of range", self.num_attention_heads)));
         }
         Ok(())
     }

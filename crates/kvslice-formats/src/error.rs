@@ -13,15 +13,8 @@ pub type Result<T, E = FormatError> = std::result::Result<T, E>;
 #[derive(Debug, Error)]
 pub enum FormatError {
     /// The input ended before a field could be read.
-    #[error(
-        "unexpected end of data at byte {offset} while reading {what} (needed {needed} bytes, {available} left)"
-    )]
-    Truncated {
-        what: &'static str,
-        offset: u64,
-        needed: u64,
-        available: u64,
-    },
+    #[error("unexpected end of data at byte {offset} while reading {what} (needed {needed} bytes, {available} left)")]
+    Truncated { what: &'static str, offset: u64, needed: u64, available: u64 },
 
     /// The first four bytes are not `GGUF`.
     #[error("not a GGUF file: magic is {found:02x?}, expected \"GGUF\"")]
@@ -32,15 +25,8 @@ pub enum FormatError {
     UnsupportedVersion { version: u32 },
 
     /// A count or length that cannot fit in the remaining bytes.
-    #[error(
-        "{what} claims {claimed} items at byte {offset}, but at most {max} fit in the remaining data"
-    )]
-    CountTooLarge {
-        what: &'static str,
-        claimed: u64,
-        max: u64,
-        offset: u64,
-    },
+    #[error("{what} claims {claimed} items at byte {offset}, but at most {max} fit in the remaining data")]
+    CountTooLarge { what: &'static str, claimed: u64, max: u64, offset: u64 },
 
     /// A metadata value type id that GGUF does not define.
     #[error("unknown GGUF metadata value type {type_id} for key {key:?}")]
@@ -68,16 +54,10 @@ pub enum FormatError {
 
     /// A tensor with an unusable number of dimensions.
     #[error("tensor {tensor:?}: {n_dims} dimensions (supported: 1 to {max})")]
-    BadDimCount {
-        tensor: String,
-        n_dims: u32,
-        max: usize,
-    },
+    BadDimCount { tensor: String, n_dims: u32, max: usize },
 
     /// The dimensions multiply to more than the address space, or a dimension is zero.
-    #[error(
-        "tensor {tensor:?}: invalid shape {dims:?} (zero dimension or element count overflows)"
-    )]
+    #[error("tensor {tensor:?}: invalid shape {dims:?} (zero dimension or element count overflows)")]
     BadShape { tensor: String, dims: Vec<u64> },
 
     /// A ggml type id that this reader does not know at all.
@@ -85,35 +65,16 @@ pub enum FormatError {
     UnknownGgmlType { tensor: String, type_id: u32 },
 
     /// A known ggml type that cannot be dequantized by this crate.
-    #[error(
-        "tensor {tensor:?}: ggml type {type_name} is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)"
-    )]
-    UnsupportedGgmlType {
-        tensor: String,
-        type_name: &'static str,
-    },
+    #[error("tensor {tensor:?}: ggml type {type_name} is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)")]
+    UnsupportedGgmlType { tensor: String, type_name: &'static str },
 
     /// The row length is not a multiple of the quantization block size.
-    #[error(
-        "tensor {tensor:?}: row length {row} is not a multiple of the {type_name} block size {block}"
-    )]
-    BadRowLength {
-        tensor: String,
-        type_name: &'static str,
-        row: u64,
-        block: u64,
-    },
+    #[error("tensor {tensor:?}: row length {row} is not a multiple of the {type_name} block size {block}")]
+    BadRowLength { tensor: String, type_name: &'static str, row: u64, block: u64 },
 
     /// A tensor's data does not lie inside the file (or is misaligned).
-    #[error(
-        "tensor {tensor:?}: data [{start}, {end}) is outside the data section of {len} bytes or misaligned"
-    )]
-    DataOutOfBounds {
-        tensor: String,
-        start: u64,
-        end: u64,
-        len: u64,
-    },
+    #[error("tensor {tensor:?}: data [{start}, {end}) is outside the data section of {len} bytes or misaligned")]
+    DataOutOfBounds { tensor: String, start: u64, end: u64, len: u64 },
 
     /// A metadata key the caller needed is absent.
     #[error("missing metadata key {key:?}")]
@@ -128,14 +89,8 @@ pub enum FormatError {
     MissingTensor { tensor: String },
 
     /// A tensor's shape disagrees with the model configuration.
-    #[error(
-        "tensor {tensor:?}: shape {got:?} does not match the configuration, expected {expected:?}"
-    )]
-    ShapeMismatch {
-        tensor: String,
-        expected: Vec<usize>,
-        got: Vec<usize>,
-    },
+    #[error("tensor {tensor:?}: shape {got:?} does not match the configuration, expected {expected:?}")]
+    ShapeMismatch { tensor: String, expected: Vec<usize>, got: Vec<usize> },
 
     /// The architecture is not one of llama, mistral, qwen2.
     #[error("unsupported architecture {name:?} (supported: llama, mistral, qwen2)")]

@@ -30,19 +30,13 @@ impl LoadedModel {
 
 impl std::fmt::Debug for LoadedModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoadedModel")
-            .field("format", &self.format)
-            .field("config", self.config())
-            .finish()
+        f.debug_struct("LoadedModel").field("format", &self.format).field("config", self.config()).finish()
     }
 }
 
 /// Read a whole file.
 pub fn read(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|source| FormatError::Io {
-        path: path.display().to_string(),
-        source,
-    })
+    std::fs::read(path).map_err(|source| FormatError::Io { path: path.display().to_string(), source })
 }
 
 /// Read and parse a GGUF file.
@@ -54,11 +48,7 @@ pub fn read_gguf(path: &Path) -> Result<GgufFile<Vec<u8>>> {
 /// `config.json`, `tokenizer.json` and `model.safetensors` or
 /// `model.safetensors.index.json` plus its shards.
 pub fn open_model(path: &Path) -> Result<LoadedModel> {
-    if path.is_dir() {
-        open_hf_folder(path)
-    } else {
-        open_gguf(path)
-    }
+    if path.is_dir() { open_hf_folder(path) } else { open_gguf(path) }
 }
 
 /// Open only the weights (and configuration) of a `.gguf` file or an HF folder; no
@@ -70,9 +60,7 @@ pub fn open_weights(path: &Path) -> Result<Box<dyn WeightSource + Send + Sync>> 
     } else if path.is_file() {
         Ok(Box::new(GgufWeights::new(read(path)?)?))
     } else {
-        Err(FormatError::MissingFiles {
-            files: vec![path.display().to_string()],
-        })
+        Err(FormatError::MissingFiles { files: vec![path.display().to_string()] })
     }
 }
 
@@ -86,10 +74,7 @@ fn read_hf_weights(dir: &Path) -> Result<(ModelConfig, Vec<Shard>)> {
         return Err(FormatError::MissingFiles { files: missing });
     }
     let config = ModelConfig::from_hf_json(&read(&config)?)?;
-    let shards = shards
-        .iter()
-        .map(|s| Ok((s.clone(), read(&dir.join(s))?)))
-        .collect::<Result<Vec<_>>>()?;
+    let shards = shards.iter().map(|s| Ok((s.clone(), read(&dir.join(s))?))).collect::<Result<Vec<_>>>()?;
     Ok((config, shards))
 }
 
@@ -107,11 +92,7 @@ fn hf_files(dir: &Path) -> Result<(PathBuf, Vec<String>, Vec<String>)> {
     } else if p("model.safetensors").is_file() {
         vec!["model.safetensors".to_string()]
     } else {
-        missing.push(format!(
-            "{} (or {})",
-            name(&p("model.safetensors")),
-            name(&index)
-        ));
+        missing.push(format!("{} (or {})", name(&p("model.safetensors")), name(&index)));
         vec![]
     };
     for s in &shard_names {
@@ -125,17 +106,11 @@ fn hf_files(dir: &Path) -> Result<(PathBuf, Vec<String>, Vec<String>)> {
 /// Open a `.gguf` model file.
 pub fn open_gguf(path: &Path) -> Result<LoadedModel> {
     if !path.is_file() {
-        return Err(FormatError::MissingFiles {
-            files: vec![path.display().to_string()],
-        });
+        return Err(FormatError::MissingFiles { files: vec![path.display().to_string()] });
     }
     let weights = GgufWeights::new(read(path)?)?;
     let tokenizer = Tokenizer::from_gguf(weights.file())?;
-    Ok(LoadedModel {
-        format: ModelFormat::Gguf,
-        weights: Box::new(weights),
-        tokenizer,
-    })
+    Ok(LoadedModel { format: ModelFormat::Gguf, weights: Box::new(weights), tokenizer })
 }
 
 /// Open an HF folder.
@@ -155,18 +130,12 @@ pub fn open_hf_folder(dir: &Path) -> Result<LoadedModel> {
     let p = |name: &str| dir.join(name);
     let tokenizer_json = read(&p("tokenizer.json"))?;
     let tokenizer_config = p("tokenizer_config.json");
-    let tokenizer_config = if tokenizer_config.is_file() {
-        Some(read(&tokenizer_config)?)
-    } else {
-        None
-    };
+    let tokenizer_config = if tokenizer_config.is_file() { Some(read(&tokenizer_config)?) } else { None };
     let jinja = p("chat_template.jinja");
     let jinja = if jinja.is_file() {
         Some(
-            String::from_utf8(read(&jinja)?).map_err(|_| FormatError::InvalidUtf8 {
-                what: "chat_template.jinja",
-                offset: 0,
-            })?,
+            String::from_utf8(read(&jinja)?)
+                .map_err(|_| FormatError::InvalidUtf8 { what: "chat_template.jinja", offset: 0 })?,
         )
     } else {
         None
@@ -176,9 +145,5 @@ pub fn open_hf_folder(dir: &Path) -> Result<LoadedModel> {
         tokenizer_config_json: tokenizer_config.as_deref(),
         chat_template_jinja: jinja.as_deref(),
     })?;
-    Ok(LoadedModel {
-        format: ModelFormat::HfFolder,
-        weights: Box::new(weights),
-        tokenizer,
-    })
+    Ok(LoadedModel { format: ModelFormat::HfFolder, weights: Box::new(weights), tokenizer })
 }

@@ -33,7 +33,8 @@ use crate::chat::{ChatMessage, ChatTemplate};
 use crate::error::{FormatError, Result};
 use crate::gguf::{GgufFile, MetadataArray};
 
-const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_PATTERN: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// How to choose the pre-tokenizer of a tokenizer rebuilt from GGUF metadata.
@@ -68,16 +69,11 @@ pub struct Tokenizer {
 }
 
 fn tok_err(e: impl std::fmt::Display) -> FormatError {
-    FormatError::Tokenizer {
-        reason: e.to_string(),
-    }
+    FormatError::Tokenizer { reason: e.to_string() }
 }
 
 fn bad_key(key: &str, reason: impl Into<String>) -> FormatError {
-    FormatError::BadMetadata {
-        key: key.to_string(),
-        reason: reason.into(),
-    }
+    FormatError::BadMetadata { key: key.to_string(), reason: reason.into() }
 }
 
 /// A token in tokenizer_config.json: a string or `{"content": ...}`.
@@ -91,18 +87,12 @@ fn config_token(v: Option<&serde_json::Value>) -> Option<&str> {
 
 fn pre_tokenizer_for(pre: &str) -> Result<PreTokenizerWrapper> {
     let byte_level = |use_regex| {
-        PreTokenizerWrapper::ByteLevel(tokenizers::pre_tokenizers::byte_level::ByteLevel::new(
-            false, true, use_regex,
-        ))
+        PreTokenizerWrapper::ByteLevel(tokenizers::pre_tokenizers::byte_level::ByteLevel::new(false, true, use_regex))
     };
     let split = |pattern: &str| -> Result<PreTokenizerWrapper> {
         Ok(PreTokenizerWrapper::Split(
-            Split::new(
-                SplitPattern::Regex(pattern.to_string()),
-                SplitDelimiterBehavior::Isolated,
-                false,
-            )
-            .map_err(tok_err)?,
+            Split::new(SplitPattern::Regex(pattern.to_string()), SplitDelimiterBehavior::Isolated, false)
+                .map_err(tok_err)?,
         ))
     };
     Ok(match pre {
@@ -113,19 +103,12 @@ fn pre_tokenizer_for(pre: &str) -> Result<PreTokenizerWrapper> {
                 byte_level(true),
             ]))
         }
-        "qwen2" => PreTokenizerWrapper::Sequence(Sequence::new(vec![
-            split(QWEN2_PATTERN)?,
-            byte_level(false),
-        ])),
-        "llama-bpe" | "llama3" => PreTokenizerWrapper::Sequence(Sequence::new(vec![
-            split(LLAMA3_PATTERN)?,
-            byte_level(false),
-        ])),
+        "qwen2" => PreTokenizerWrapper::Sequence(Sequence::new(vec![split(QWEN2_PATTERN)?, byte_level(false)])),
+        "llama-bpe" | "llama3" => {
+            PreTokenizerWrapper::Sequence(Sequence::new(vec![split(LLAMA3_PATTERN)?, byte_level(false)]))
+        }
         other => {
-            return Err(FormatError::UnsupportedTokenizer {
-                what: "tokenizer.ggml.pre",
-                value: other.to_string(),
-            });
+            return Err(FormatError::UnsupportedTokenizer { what: "tokenizer.ggml.pre", value: other.to_string() });
         }
     })
 }
@@ -136,26 +119,21 @@ impl Tokenizer {
     pub fn from_hf(files: HfTokenizerFiles<'_>) -> Result<Self> {
         let inner = tokenizers::Tokenizer::from_bytes(files.tokenizer_json).map_err(tok_err)?;
         let config: serde_json::Value = match files.tokenizer_config_json {
-            Some(b) => serde_json::from_slice(b)
-                .map_err(|e| tok_err(format!("tokenizer_config.json: {e}")))?,
+            Some(b) => serde_json::from_slice(b).map_err(|e| tok_err(format!("tokenizer_config.json: {e}")))?,
             None => serde_json::Value::Null,
         };
         let id_of = |field: &str| -> Result<Option<u32>> {
             match config_token(config.get(field)) {
                 None => Ok(None),
-                Some(t) => inner.token_to_id(t).map(Some).ok_or_else(|| {
-                    tok_err(format!(
-                        "tokenizer_config.json: {field} {t:?} is not in the vocabulary"
-                    ))
-                }),
+                Some(t) => inner
+                    .token_to_id(t)
+                    .map(Some)
+                    .ok_or_else(|| tok_err(format!("tokenizer_config.json: {field} {t:?} is not in the vocabulary"))),
             }
         };
         let bos_token_id = id_of("bos_token")?;
         let eos_token_id = id_of("eos_token")?;
-        let add_bos_token = config
-            .get("add_bos_token")
-            .and_then(|v| v.as_bool())
-            .unwrap_or(false);
+        let add_bos_token = config.get("add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false);
         let chat_template = match files.chat_template_jinja {
             Some(t) => Some(t.to_string()),
             None => match config.get("chat_template") {
@@ -168,13 +146,7 @@ impl Tokenizer {
                 _ => None,
             },
         };
-        Ok(Tokenizer {
-            inner,
-            bos_token_id,
-            eos_token_id,
-            add_bos_token,
-            chat_template,
-        })
+        Ok(Tokenizer { inner, bos_token_id, eos_token_id, add_bos_token, chat_template })
     }
 
     /// Rebuild the tokenizer from GGUF metadata, choosing the pre-tokenizer from
@@ -184,22 +156,14 @@ impl Tokenizer {
     }
 
     /// Rebuild the tokenizer from GGUF metadata with an explicit pre-tokenizer choice.
-    pub fn from_gguf_with<B: AsRef<[u8]>>(
-        gguf: &GgufFile<B>,
-        pre: GgufPreTokenizer,
-    ) -> Result<Self> {
+    pub fn from_gguf_with<B: AsRef<[u8]>>(gguf: &GgufFile<B>, pre: GgufPreTokenizer) -> Result<Self> {
         let model = gguf.get_str("tokenizer.ggml.model")?;
         if model != "gpt2" {
-            return Err(FormatError::UnsupportedTokenizer {
-                what: "tokenizer.ggml.model",
-                value: model.to_string(),
-            });
+            return Err(FormatError::UnsupportedTokenizer { what: "tokenizer.ggml.model", value: model.to_string() });
         }
         let strings = |key: &str| -> Result<&[String]> {
             gguf.get(key)
-                .ok_or_else(|| FormatError::MissingKey {
-                    key: key.to_string(),
-                })?
+                .ok_or_else(|| FormatError::MissingKey { key: key.to_string() })?
                 .as_array()
                 .and_then(MetadataArray::as_strings)
                 .ok_or_else(|| bad_key(key, "expected an array of strings"))
@@ -221,14 +185,9 @@ impl Tokenizer {
                 let t = v
                     .as_array()
                     .and_then(MetadataArray::to_i64s)
-                    .ok_or_else(|| {
-                        bad_key("tokenizer.ggml.token_type", "expected an integer array")
-                    })?;
+                    .ok_or_else(|| bad_key("tokenizer.ggml.token_type", "expected an integer array"))?;
                 if t.len() != n {
-                    return Err(bad_key(
-                        "tokenizer.ggml.token_type",
-                        format!("{} types for {n} tokens", t.len()),
-                    ));
+                    return Err(bad_key("tokenizer.ggml.token_type", format!("{} types for {n} tokens", t.len())));
                 }
                 Some(t)
             }
@@ -237,10 +196,7 @@ impl Tokenizer {
         let mut vocab: HashMap<String, u32> = HashMap::with_capacity(n);
         for (i, t) in tokens.iter().enumerate() {
             if vocab.insert(t.clone(), i as u32).is_some() {
-                return Err(bad_key(
-                    "tokenizer.ggml.tokens",
-                    format!("token {t:?} appears twice"),
-                ));
+                return Err(bad_key("tokenizer.ggml.tokens", format!("token {t:?} appears twice")));
             }
         }
         let mut merges = Vec::with_capacity(merges_raw.len());
@@ -249,27 +205,19 @@ impl Tokenizer {
                 .split_once(' ')
                 .filter(|(a, b)| !a.is_empty() && !b.is_empty() && !b.contains(' '))
                 .ok_or_else(|| {
-                    bad_key(
-                        "tokenizer.ggml.merges",
-                        format!("merge {m:?} is not two tokens separated by one space"),
-                    )
+                    bad_key("tokenizer.ggml.merges", format!("merge {m:?} is not two tokens separated by one space"))
                 })?;
             merges.push((a.to_string(), b.to_string()));
         }
         let vocab: Vocab = vocab.into_iter().collect();
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(tok_err)?;
+        let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(tok_err)?;
         let mut inner = tokenizers::Tokenizer::new(bpe);
 
         let pre_name = match pre {
             GgufPreTokenizer::TransformersCompat => "gpt2",
             GgufPreTokenizer::FromMetadata => match gguf.get("tokenizer.ggml.pre") {
                 None => "gpt2",
-                Some(v) => v
-                    .as_str()
-                    .ok_or_else(|| bad_key("tokenizer.ggml.pre", "expected a string"))?,
+                Some(v) => v.as_str().ok_or_else(|| bad_key("tokenizer.ggml.pre", "expected a string"))?,
             },
         };
         inner.with_pre_tokenizer(Some(pre_tokenizer_for(pre_name)?));
@@ -279,21 +227,15 @@ impl Tokenizer {
             match gguf.get_u64(key)? {
                 None => Ok(None),
                 Some(id) if id < n as u64 => Ok(Some(id as u32)),
-                Some(id) => Err(bad_key(
-                    key,
-                    format!("token id {id} is outside the vocabulary of {n}"),
-                )),
+                Some(id) => Err(bad_key(key, format!("token id {id} is outside the vocabulary of {n}"))),
             }
         };
         let bos_token_id = id_key("tokenizer.ggml.bos_token_id")?;
         let eos_token_id = id_key("tokenizer.ggml.eos_token_id")?;
-        let add_bos_token = gguf
-            .get_bool("tokenizer.ggml.add_bos_token")?
-            .unwrap_or(false);
+        let add_bos_token = gguf.get_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
         if add_bos_token {
-            let bos = bos_token_id.ok_or_else(|| FormatError::MissingKey {
-                key: "tokenizer.ggml.bos_token_id".into(),
-            })?;
+            let bos =
+                bos_token_id.ok_or_else(|| FormatError::MissingKey { key: "tokenizer.ggml.bos_token_id".into() })?;
             let bos_str = tokens[bos as usize].clone();
             let template = TemplateProcessing::builder()
                 .try_single(format!("{bos_str} $A"))
@@ -330,31 +272,18 @@ impl Tokenizer {
 
         let chat_template = match gguf.get("tokenizer.chat_template") {
             None => None,
-            Some(v) => Some(
-                v.as_str()
-                    .ok_or_else(|| bad_key("tokenizer.chat_template", "expected a string"))?
-                    .to_string(),
-            ),
+            Some(v) => {
+                Some(v.as_str().ok_or_else(|| bad_key("tokenizer.chat_template", "expected a string"))?.to_string())
+            }
         };
-        Ok(Tokenizer {
-            inner,
-            bos_token_id,
-            eos_token_id,
-            add_bos_token,
-            chat_template,
-        })
+        Ok(Tokenizer { inner, bos_token_id, eos_token_id, add_bos_token, chat_template })
     }
 
     /// Token ids of `text`. With `add_special_tokens`, the post-processor's tokens (BOS
     /// when the model adds one) are included. Special tokens written in the text (such as
     /// `<|im_start|>`) are always recognised.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        Ok(self
-            .inner
-            .encode(text, add_special_tokens)
-            .map_err(tok_err)?
-            .get_ids()
-            .to_vec())
+        Ok(self.inner.encode(text, add_special_tokens).map_err(tok_err)?.get_ids().to_vec())
     }
 
     /// Text of `ids`.
@@ -395,15 +324,8 @@ impl Tokenizer {
 
     /// Render a conversation with the model's chat template (ChatML-style templates
     /// only; see [`ChatTemplate`]).
-    pub fn apply_chat_template(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String> {
-        let src = self
-            .chat_template
-            .as_deref()
-            .ok_or(FormatError::NoChatTemplate)?;
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let src = self.chat_template.as_deref().ok_or(FormatError::NoChatTemplate)?;
         Ok(ChatTemplate::parse(src)?.render(messages, add_generation_prompt))
     }
 
@@ -422,30 +344,18 @@ mod tests {
         let p = pre_tokenizer_for(pre).unwrap();
         let mut s = PreTokenizedString::from(text);
         p.pre_tokenize(&mut s).unwrap();
-        s.get_splits(OffsetReferential::Original, OffsetType::Byte)
-            .into_iter()
-            .map(|(s, _, _)| s.to_string())
-            .collect()
+        s.get_splits(OffsetReferential::Original, OffsetType::Byte).into_iter().map(|(s, _, _)| s.to_string()).collect()
     }
 
     #[test]
     fn pre_tokenizer_digit_rules() {
         // Hand-derived from each regex: Ġ is the byte-level form of a space.
         assert_eq!(splits("gpt2", "ab 12345"), ["ab", "Ġ12345"]);
-        assert_eq!(
-            splits("smollm", "ab 12345"),
-            ["ab", "Ġ", "1", "2", "3", "4", "5"]
-        );
-        assert_eq!(
-            splits("qwen2", "ab 12345"),
-            ["ab", "Ġ", "1", "2", "3", "4", "5"]
-        );
+        assert_eq!(splits("smollm", "ab 12345"), ["ab", "Ġ", "1", "2", "3", "4", "5"]);
+        assert_eq!(splits("qwen2", "ab 12345"), ["ab", "Ġ", "1", "2", "3", "4", "5"]);
         assert_eq!(splits("llama-bpe", "ab 12345"), ["ab", "Ġ", "123", "45"]);
         assert_eq!(splits("smollm", "x  1"), ["x", "ĠĠ", "1"]);
         assert_eq!(splits("gpt2", "x  1"), ["x", "Ġ", "Ġ1"]);
-        assert!(matches!(
-            pre_tokenizer_for("falcon"),
-            Err(FormatError::UnsupportedTokenizer { .. })
-        ));
+        assert!(matches!(pre_tokenizer_for("falcon"), Err(FormatError::UnsupportedTokenizer { .. })));
     }
 }

@@ -80,17 +80,10 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<ExpectedTensor> {
     let q = cfg.num_attention_heads * cfg.head_dim;
     let kv = cfg.num_key_value_heads * cfg.head_dim;
     let i = cfg.intermediate_size;
-    let mut out = vec![ExpectedTensor {
-        name: EMBED_TOKENS.into(),
-        shape: vec![cfg.vocab_size, h],
-    }];
+    let mut out = vec![ExpectedTensor { name: EMBED_TOKENS.into(), shape: vec![cfg.vocab_size, h] }];
     for l in 0..cfg.num_hidden_layers {
-        let mut push = |suffix: &str, shape: Vec<usize>| {
-            out.push(ExpectedTensor {
-                name: layer_tensor(l, suffix),
-                shape,
-            })
-        };
+        let mut push =
+            |suffix: &str, shape: Vec<usize>| out.push(ExpectedTensor { name: layer_tensor(l, suffix), shape });
         push("input_layernorm.weight", vec![h]);
         push("self_attn.q_proj.weight", vec![q, h]);
         push("self_attn.k_proj.weight", vec![kv, h]);
@@ -114,15 +107,9 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<ExpectedTensor> {
             push("mlp.down_proj.bias", vec![h]);
         }
     }
-    out.push(ExpectedTensor {
-        name: FINAL_NORM.into(),
-        shape: vec![h],
-    });
+    out.push(ExpectedTensor { name: FINAL_NORM.into(), shape: vec![h] });
     if !cfg.tie_word_embeddings {
-        out.push(ExpectedTensor {
-            name: LM_HEAD.into(),
-            shape: vec![cfg.vocab_size, h],
-        });
+        out.push(ExpectedTensor { name: LM_HEAD.into(), shape: vec![cfg.vocab_size, h] });
     }
     out
 }
@@ -142,11 +129,7 @@ fn check_all(cfg: &ModelConfig, shape_of: impl Fn(&str) -> Option<Vec<usize>>) -
         match shape_of(&e.name) {
             None => return Err(FormatError::MissingTensor { tensor: e.name }),
             Some(got) if got != e.shape => {
-                return Err(FormatError::ShapeMismatch {
-                    tensor: e.name,
-                    expected: e.shape,
-                    got,
-                });
+                return Err(FormatError::ShapeMismatch { tensor: e.name, expected: e.shape, got });
             }
             Some(_) => {}
         }
@@ -204,36 +187,23 @@ impl<B: AsRef<[u8]>> WeightSource for GgufWeights<B> {
     }
 
     fn shape(&self, canonical: &str) -> Option<Vec<usize>> {
-        self.file
-            .tensor_info(&gguf_name(canonical)?)
-            .map(|t| t.shape())
+        self.file.tensor_info(&gguf_name(canonical)?).map(|t| t.shape())
     }
 
     fn load(&self, canonical: &str) -> Result<Tensor> {
-        let name = gguf_name(canonical).ok_or_else(|| FormatError::MissingTensor {
-            tensor: canonical.to_string(),
-        })?;
-        let info = self
-            .file
-            .tensor_info(&name)
-            .ok_or_else(|| FormatError::MissingTensor {
-                tensor: canonical.to_string(),
-            })?;
+        let name = gguf_name(canonical).ok_or_else(|| FormatError::MissingTensor { tensor: canonical.to_string() })?;
+        let info =
+            self.file.tensor_info(&name).ok_or_else(|| FormatError::MissingTensor { tensor: canonical.to_string() })?;
         let shape = info.shape();
         let mut data = self.file.tensor_f32(&name)?;
         // llama.cpp permutes Q/K rows of llama-architecture models for its RoPE layout
         // (convert_hf_to_gguf.py, LlamaModel.modify_tensors); Qwen2 files are not permuted.
-        if matches!(
-            self.config.architecture,
-            Architecture::Llama | Architecture::Mistral
-        ) {
+        if matches!(self.config.architecture, Architecture::Llama | Architecture::Mistral) {
             let heads = if canonical.ends_with("self_attn.q_proj.weight")
                 || canonical.ends_with("self_attn.q_proj.bias")
             {
                 Some(self.config.num_attention_heads)
-            } else if canonical.ends_with("self_attn.k_proj.weight")
-                || canonical.ends_with("self_attn.k_proj.bias")
-            {
+            } else if canonical.ends_with("self_attn.k_proj.weight") || canonical.ends_with("self_attn.k_proj.bias") {
                 Some(self.config.num_key_value_heads)
             } else {
                 None
@@ -267,10 +237,7 @@ impl<B: AsRef<[u8]>> std::fmt::Debug for SafetensorsWeights<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SafetensorsWeights")
             .field("config", &self.config)
-            .field(
-                "shards",
-                &self.shards.iter().map(|(n, _)| n).collect::<Vec<_>>(),
-            )
+            .field("shards", &self.shards.iter().map(|(n, _)| n).collect::<Vec<_>>())
             .field("tensors", &self.entries.len())
             .finish()
     }
@@ -279,21 +246,13 @@ impl<B: AsRef<[u8]>> std::fmt::Debug for SafetensorsWeights<B> {
 /// The shard file names listed in a `model.safetensors.index.json`, sorted, unique.
 pub fn safetensors_index_files(index_json: &[u8]) -> Result<Vec<String>> {
     let bad = |reason: String| FormatError::BadIndex { reason };
-    let j: serde_json::Value =
-        serde_json::from_slice(index_json).map_err(|e| bad(e.to_string()))?;
-    let map = j
-        .get("weight_map")
-        .and_then(|m| m.as_object())
-        .ok_or_else(|| bad("no weight_map object".into()))?;
+    let j: serde_json::Value = serde_json::from_slice(index_json).map_err(|e| bad(e.to_string()))?;
+    let map = j.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| bad("no weight_map object".into()))?;
     let mut files = Vec::new();
     for (tensor, file) in map {
-        let f = file
-            .as_str()
-            .ok_or_else(|| bad(format!("{tensor}: file name is not a string")))?;
+        let f = file.as_str().ok_or_else(|| bad(format!("{tensor}: file name is not a string")))?;
         if f.is_empty() || f.contains('/') || f.contains('\\') || f == ".." {
-            return Err(bad(format!(
-                "{tensor}: file name {f:?} is not a plain file name"
-            )));
+            return Err(bad(format!("{tensor}: file name {f:?} is not a plain file name")));
         }
         files.push(f.to_string());
     }
@@ -308,12 +267,8 @@ impl<B: AsRef<[u8]>> SafetensorsWeights<B> {
     pub fn new(config: ModelConfig, shards: Vec<(String, B)>) -> Result<Self> {
         let mut entries = HashMap::new();
         for (i, (file, bytes)) in shards.iter().enumerate() {
-            let (n, meta) = SafeTensors::read_metadata(bytes.as_ref()).map_err(|e| {
-                FormatError::BadSafetensors {
-                    file: file.clone(),
-                    reason: e.to_string(),
-                }
-            })?;
+            let (n, meta) = SafeTensors::read_metadata(bytes.as_ref())
+                .map_err(|e| FormatError::BadSafetensors { file: file.clone(), reason: e.to_string() })?;
             let data_start = 8 + n;
             for (name, info) in meta.tensors() {
                 let (s, e) = info.data_offsets;
@@ -329,19 +284,12 @@ impl<B: AsRef<[u8]>> SafetensorsWeights<B> {
                 }
             }
         }
-        let w = SafetensorsWeights {
-            config,
-            shards,
-            entries,
-        };
+        let w = SafetensorsWeights { config, shards, entries };
         check_all(&w.config, |n| w.shape(n))?;
         for e in expected_tensors(&w.config) {
             let dtype = w.entries[&e.name].dtype;
             if !matches!(dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16) {
-                return Err(FormatError::UnsupportedDtype {
-                    tensor: e.name,
-                    dtype: format!("{dtype:?}"),
-                });
+                return Err(FormatError::UnsupportedDtype { tensor: e.name, dtype: format!("{dtype:?}") });
             }
         }
         Ok(w)
@@ -365,27 +313,18 @@ impl<B: AsRef<[u8]>> WeightSource for SafetensorsWeights<B> {
     }
 
     fn load(&self, canonical: &str) -> Result<Tensor> {
-        let e = self
-            .entries
-            .get(canonical)
-            .ok_or_else(|| FormatError::MissingTensor {
-                tensor: canonical.to_string(),
-            })?;
+        let e =
+            self.entries.get(canonical).ok_or_else(|| FormatError::MissingTensor { tensor: canonical.to_string() })?;
         // In bounds: read_metadata checked the offsets against the buffer.
         let raw = &self.shards[e.shard].1.as_ref()[e.start..e.end];
         let data: Vec<f32> = match e.dtype {
-            Dtype::F32 => raw
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Dtype::F16 => raw
-                .chunks_exact(2)
-                .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-                .collect(),
-            Dtype::BF16 => raw
-                .chunks_exact(2)
-                .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
-                .collect(),
+            Dtype::F32 => raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            Dtype::F16 => {
+                raw.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect()
+            }
+            Dtype::BF16 => {
+                raw.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect()
+            }
             other => {
                 return Err(FormatError::UnsupportedDtype {
                     tensor: canonical.to_string(),
@@ -393,10 +332,7 @@ impl<B: AsRef<[u8]>> WeightSource for SafetensorsWeights<B> {
                 });
             }
         };
-        Ok(Tensor {
-            shape: e.shape.clone(),
-            data,
-        })
+        Ok(Tensor { shape: e.shape.clone(), data })
     }
 }
 
@@ -406,14 +342,8 @@ mod tests {
 
     #[test]
     fn gguf_names() {
-        assert_eq!(
-            gguf_name("model.layers.12.self_attn.k_proj.weight").as_deref(),
-            Some("blk.12.attn_k.weight")
-        );
-        assert_eq!(
-            gguf_name("model.layers.0.mlp.down_proj.weight").as_deref(),
-            Some("blk.0.ffn_down.weight")
-        );
+        assert_eq!(gguf_name("model.layers.12.self_attn.k_proj.weight").as_deref(), Some("blk.12.attn_k.weight"));
+        assert_eq!(gguf_name("model.layers.0.mlp.down_proj.weight").as_deref(), Some("blk.0.ffn_down.weight"));
         assert_eq!(
             gguf_name("model.layers.0.post_attention_layernorm.weight").as_deref(),
             Some("blk.0.ffn_norm.weight")

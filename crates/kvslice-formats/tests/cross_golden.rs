@@ -43,28 +43,13 @@ fn transformers_tiny_folders_open() {
 fn tiny_llama_gguf_loads_back_to_the_folder_weights() {
     let hf = open_weights(&golden("tiny/llama")).unwrap();
     // (file, max |diff| allowed relative to the tensor's max |value|)
-    for (file, tol) in [
-        ("tiny-llama-F32.gguf", 0.0f32),
-        ("tiny-llama-F16.gguf", 1e-3),
-        ("tiny-llama-Q8_0.gguf", 1e-2),
-    ] {
+    for (file, tol) in [("tiny-llama-F32.gguf", 0.0f32), ("tiny-llama-F16.gguf", 1e-3), ("tiny-llama-Q8_0.gguf", 1e-2)]
+    {
         let g = open_weights(&golden(&format!("tiny-gguf/{file}"))).unwrap();
         let (gc, hc) = (g.config(), hf.config());
         assert_eq!(
-            (
-                gc.hidden_size,
-                gc.num_hidden_layers,
-                gc.num_attention_heads,
-                gc.num_key_value_heads,
-                gc.head_dim
-            ),
-            (
-                hc.hidden_size,
-                hc.num_hidden_layers,
-                hc.num_attention_heads,
-                hc.num_key_value_heads,
-                hc.head_dim
-            )
+            (gc.hidden_size, gc.num_hidden_layers, gc.num_attention_heads, gc.num_key_value_heads, gc.head_dim),
+            (hc.hidden_size, hc.num_hidden_layers, hc.num_attention_heads, hc.num_key_value_heads, hc.head_dim)
         );
         assert_eq!(
             (gc.vocab_size, gc.intermediate_size, gc.tie_word_embeddings),
@@ -74,16 +59,8 @@ fn tiny_llama_gguf_loads_back_to_the_folder_weights() {
             let (a, b) = (g.load(&e.name).unwrap(), hf.load(&e.name).unwrap());
             assert_eq!(a.shape, b.shape, "{file}: {}", e.name);
             let scale = b.data.iter().fold(0f32, |m, x| m.max(x.abs()));
-            let diff = a
-                .data
-                .iter()
-                .zip(&b.data)
-                .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
-            assert!(
-                diff <= tol * scale,
-                "{file}: {} differs by {diff} (scale {scale})",
-                e.name
-            );
+            let diff = a.data.iter().zip(&b.data).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+            assert!(diff <= tol * scale, "{file}: {} differs by {diff} (scale {scale})", e.name);
         }
     }
 }

@@ -3,9 +3,7 @@
 mod common;
 
 use common::*;
-use kvslice_formats::gguf::{
-    GgmlType, GgufFile, MetadataArray, MetadataValue, unpermute_rope_rows,
-};
+use kvslice_formats::gguf::{GgmlType, GgufFile, MetadataArray, MetadataValue, unpermute_rope_rows};
 use kvslice_formats::{Architecture, FormatError, GgufWeights, ModelConfig, WeightSource};
 
 fn quant_bytes() -> Vec<u8> {
@@ -21,11 +19,7 @@ fn expected_tensors(path: &str) -> Vec<(String, Vec<usize>, Vec<f32>)> {
         .into_iter()
         .map(|(name, view)| {
             assert_eq!(view.dtype(), safetensors::Dtype::F32);
-            let data = view
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect();
+            let data = view.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
             (name, view.shape().to_vec(), data)
         })
         .collect();
@@ -39,10 +33,7 @@ fn golden_metadata_of_every_type() {
     assert_eq!(f.version(), 3);
     assert_eq!(f.alignment(), 32);
     let g = |k: &str| f.get(k).unwrap().clone();
-    assert_eq!(
-        g("general.architecture"),
-        MetadataValue::String("llama".into())
-    );
+    assert_eq!(g("general.architecture"), MetadataValue::String("llama".into()));
     assert_eq!(g("test.string"), MetadataValue::String("héllo ✓".into()));
     assert_eq!(g("test.u8"), MetadataValue::U8(200));
     assert_eq!(g("test.i8"), MetadataValue::I8(-5));
@@ -56,28 +47,18 @@ fn golden_metadata_of_every_type() {
     assert_eq!(g("test.i64"), MetadataValue::I64(-(1i64 << 62)));
     assert_eq!(g("test.f64"), MetadataValue::F64(-2.25));
     // gguf-py writes Python ints in arrays as i32.
-    assert_eq!(
-        g("test.arr_i32"),
-        MetadataValue::Array(MetadataArray::I32(vec![1, -2, 3]))
-    );
+    assert_eq!(g("test.arr_i32"), MetadataValue::Array(MetadataArray::I32(vec![1, -2, 3])));
     assert_eq!(
         g("test.arr_str"),
-        MetadataValue::Array(MetadataArray::String(vec![
-            "a".into(),
-            "bc".into(),
-            "".into()
-        ]))
+        MetadataValue::Array(MetadataArray::String(vec!["a".into(), "bc".into(), "".into()]))
     );
 }
 
 #[test]
 fn golden_tensor_infos() {
     let f = GgufFile::parse(quant_bytes()).unwrap();
-    let infos: Vec<(&str, GgmlType, Vec<usize>)> = f
-        .tensors()
-        .iter()
-        .map(|t| (t.name.as_str(), t.ggml_type, t.shape()))
-        .collect();
+    let infos: Vec<(&str, GgmlType, Vec<usize>)> =
+        f.tensors().iter().map(|t| (t.name.as_str(), t.ggml_type, t.shape())).collect();
     // Shapes as the script wrote them (numpy order); data offsets as gguf-py's reader
     // reports them (absolute).
     assert_eq!(
@@ -94,11 +75,7 @@ fn golden_tensor_infos() {
             ("t_q5_0", GgmlType::Q5_0, vec![2, 32]),
         ]
     );
-    let abs: Vec<u64> = f
-        .tensors()
-        .iter()
-        .map(|t| f.data_start() + t.offset)
-        .collect();
+    let abs: Vec<u64> = f.tensors().iter().map(|t| f.data_start() + t.offset).collect();
     assert_eq!(abs, [928, 1024, 1312, 1728, 2144, 2368, 2592, 2688, 2912]);
     let sizes: Vec<u64> = f.tensors().iter().map(|t| t.n_bytes).collect();
     assert_eq!(sizes, [84, 264, 400, 408, 216, 200, 80, 204, 44]);
@@ -134,10 +111,7 @@ fn unsupported_type_names_tensor_and_type() {
         }
         other => panic!("{other:?}"),
     }
-    assert!(matches!(
-        f.tensor_f32("nope"),
-        Err(FormatError::MissingTensor { .. })
-    ));
+    assert!(matches!(f.tensor_f32("nope"), Err(FormatError::MissingTensor { .. })));
 }
 
 #[test]
@@ -146,18 +120,10 @@ fn version_2_reads_the_same_and_others_are_rejected() {
     b[4..8].copy_from_slice(&2u32.to_le_bytes());
     let f = GgufFile::parse(&b[..]).unwrap();
     assert_eq!(f.version(), 2);
-    assert_eq!(
-        f.tensor_f32("t_q8_0").unwrap(),
-        GgufFile::parse(quant_bytes())
-            .unwrap()
-            .tensor_f32("t_q8_0")
-            .unwrap()
-    );
+    assert_eq!(f.tensor_f32("t_q8_0").unwrap(), GgufFile::parse(quant_bytes()).unwrap().tensor_f32("t_q8_0").unwrap());
     for v in [1u32, 4, 0x0300_0000] {
         b[4..8].copy_from_slice(&v.to_le_bytes());
-        assert!(
-            matches!(GgufFile::parse(&b[..]), Err(FormatError::UnsupportedVersion { version }) if version == v)
-        );
+        assert!(matches!(GgufFile::parse(&b[..]), Err(FormatError::UnsupportedVersion { version }) if version == v));
     }
 }
 
@@ -170,29 +136,17 @@ fn unpermute_hand_built_cases() {
     let rows = |order: &[usize]| order.iter().flat_map(|&r| row(r)).collect::<Vec<f32>>();
 
     let gguf = rows(&[0, 2, 1, 3, 4, 6, 5, 7]);
-    assert_eq!(
-        unpermute_rope_rows(&gguf, 2, 2).unwrap(),
-        rows(&[0, 1, 2, 3, 4, 5, 6, 7])
-    );
+    assert_eq!(unpermute_rope_rows(&gguf, 2, 2).unwrap(), rows(&[0, 1, 2, 3, 4, 5, 6, 7]));
 
     let gguf = rows(&[0, 3, 1, 4, 2, 5]);
-    assert_eq!(
-        unpermute_rope_rows(&gguf, 1, 2).unwrap(),
-        rows(&[0, 1, 2, 3, 4, 5])
-    );
+    assert_eq!(unpermute_rope_rows(&gguf, 1, 2).unwrap(), rows(&[0, 1, 2, 3, 4, 5]));
 
     // A bias (one column), two heads of 6.
-    let gguf: Vec<f32> = [0, 3, 1, 4, 2, 5, 6, 9, 7, 10, 8, 11]
-        .iter()
-        .map(|&r| r as f32)
-        .collect();
+    let gguf: Vec<f32> = [0, 3, 1, 4, 2, 5, 6, 9, 7, 10, 8, 11].iter().map(|&r| r as f32).collect();
     let hf: Vec<f32> = (0..12).map(|r| r as f32).collect();
     assert_eq!(unpermute_rope_rows(&gguf, 2, 1).unwrap(), hf);
 
-    assert!(
-        unpermute_rope_rows(&[0.0; 6], 2, 1).is_err(),
-        "odd head size"
-    );
+    assert!(unpermute_rope_rows(&[0.0; 6], 2, 1).is_err(), "odd head size");
     assert!(unpermute_rope_rows(&[0.0; 6], 0, 1).is_err());
 }
 
@@ -211,10 +165,7 @@ fn tiny_llama(extra: &[(&str, V)], drop: &str, k_rows: usize) -> Vec<u8> {
         ("llama.attention.layer_norm_rms_epsilon", V::F32(1e-5)),
         ("tokenizer.ggml.bos_token_id", V::U32(1)),
         ("tokenizer.ggml.eos_token_id", V::U32(2)),
-        (
-            "tokenizer.ggml.tokens",
-            V::StrArr((0..vocab).map(|i| format!("t{i}")).collect()),
-        ),
+        ("tokenizer.ggml.tokens", V::StrArr((0..vocab).map(|i| format!("t{i}")).collect())),
     ];
     for (k, v) in extra {
         let v = match v {
@@ -227,9 +178,7 @@ fn tiny_llama(extra: &[(&str, V)], drop: &str, k_rows: usize) -> Vec<u8> {
     }
     // Row r of every matrix holds the value r + 0.5 * column / cols.
     let mat = |name: &str, rows: usize, cols: usize| {
-        let v: Vec<f32> = (0..rows * cols)
-            .map(|i| (i / cols) as f32 + 0.5 * (i % cols) as f32 / cols as f32)
-            .collect();
+        let v: Vec<f32> = (0..rows * cols).map(|i| (i / cols) as f32 + 0.5 * (i % cols) as f32 / cols as f32).collect();
         f32_tensor(name, &[rows, cols], &v)
     };
     let vec1 = |name: &str, n: usize| f32_tensor(name, &[n], &vec![1.0; n]);
@@ -258,26 +207,14 @@ fn hand_built_llama_config_and_unpermuted_weights() {
     let c = w.config();
     assert_eq!(c.architecture, Architecture::Llama);
     assert_eq!(
-        (
-            c.hidden_size,
-            c.num_hidden_layers,
-            c.num_attention_heads,
-            c.num_key_value_heads,
-            c.head_dim
-        ),
+        (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim),
         (12, 1, 2, 1, 6)
     );
-    assert_eq!(
-        (c.intermediate_size, c.vocab_size, c.max_position_embeddings),
-        (16, 10, 64)
-    );
+    assert_eq!((c.intermediate_size, c.vocab_size, c.max_position_embeddings), (16, 10, 64));
     assert_eq!(c.rope_theta, 500.0);
     assert_eq!(c.rms_norm_eps, 1e-5);
     assert!(c.tie_word_embeddings);
-    assert_eq!(
-        (c.bos_token_id, c.eos_token_ids.clone()),
-        (Some(1), vec![2])
-    );
+    assert_eq!((c.bos_token_id, c.eos_token_ids.clone()), (Some(1), vec![2]));
     assert!(!c.attention_qkv_bias);
 
     // q: two heads of 6. GGUF row 2j + t holds HF row 3t + j within a head, so HF row i
@@ -293,25 +230,16 @@ fn hand_built_llama_config_and_unpermuted_weights() {
     assert_eq!(firsts, [0., 2., 4., 1., 3., 5.]);
     // v and o are not permuted; o is [hidden, heads * head_dim].
     let v = w.load("model.layers.0.self_attn.v_proj.weight").unwrap();
-    assert_eq!(
-        (0..6).map(|r| v.data[r * 12]).collect::<Vec<_>>(),
-        [0., 1., 2., 3., 4., 5.]
-    );
+    assert_eq!((0..6).map(|r| v.data[r * 12]).collect::<Vec<_>>(), [0., 1., 2., 3., 4., 5.]);
     let down = w.load("model.layers.0.mlp.down_proj.weight").unwrap();
     assert_eq!(down.shape, vec![12, 16]);
-    assert!(matches!(
-        w.load("lm_head.weight"),
-        Err(FormatError::MissingTensor { .. })
-    ));
+    assert!(matches!(w.load("lm_head.weight"), Err(FormatError::MissingTensor { .. })));
 }
 
 #[test]
 fn hand_built_qwen2_is_not_unpermuted_and_reads_rope_scaling() {
     let mut b = tiny_llama(
-        &[
-            ("llama.rope.scaling.type", V::Str("linear".into())),
-            ("llama.rope.scaling.factor", V::F32(4.0)),
-        ],
+        &[("llama.rope.scaling.type", V::Str("linear".into())), ("llama.rope.scaling.factor", V::F32(4.0))],
         "",
         6,
     );
@@ -321,10 +249,7 @@ fn hand_built_qwen2_is_not_unpermuted_and_reads_rope_scaling() {
     }
     let w = GgufWeights::new(b).unwrap();
     assert_eq!(w.config().architecture, Architecture::Qwen2);
-    assert_eq!(
-        w.config().rope_scaling,
-        Some(kvslice_formats::RopeScaling::Linear { factor: 4.0 })
-    );
+    assert_eq!(w.config().rope_scaling, Some(kvslice_formats::RopeScaling::Linear { factor: 4.0 }));
     let q = w.load("model.layers.0.self_attn.q_proj.weight").unwrap();
     let firsts: Vec<f32> = (0..12).map(|r| q.data[r * 12]).collect();
     assert_eq!(firsts, (0..12).map(|r| r as f32).collect::<Vec<_>>());
@@ -333,11 +258,7 @@ fn hand_built_qwen2_is_not_unpermuted_and_reads_rope_scaling() {
 #[test]
 fn hand_built_llama_errors() {
     match GgufWeights::new(tiny_llama(&[], "", 12)) {
-        Err(FormatError::ShapeMismatch {
-            tensor,
-            expected,
-            got,
-        }) => {
+        Err(FormatError::ShapeMismatch { tensor, expected, got }) => {
             assert_eq!(tensor, "model.layers.0.self_attn.k_proj.weight");
             assert_eq!(expected, vec![6, 12]);
             assert_eq!(got, vec![12, 12]);
@@ -385,19 +306,11 @@ fn real_smollm2_config_and_weights() {
     for (name, shape, want) in expected_tensors("gguf-quant/smollm2_slices.safetensors") {
         let t = w.load(&name).unwrap();
         let cols = t.shape.get(1).copied().unwrap_or(t.shape[0]);
-        let (rows, take) = if t.shape.len() == 2 {
-            (shape[0], shape[1])
-        } else {
-            (1, shape[0])
-        };
+        let (rows, take) = if t.shape.len() == 2 { (shape[0], shape[1]) } else { (1, shape[0]) };
         let mut max_diff = 0f32;
         for r in 0..rows {
             for j in 0..take {
-                let g = if t.shape.len() == 2 {
-                    t.data[r * cols + j]
-                } else {
-                    t.data[j]
-                };
+                let g = if t.shape.len() == 2 { t.data[r * cols + j] } else { t.data[j] };
                 max_diff = max_diff.max((g - want[r * take + j]).abs());
             }
         }

@@ -63,11 +63,7 @@ fn quant_bytes() -> Vec<u8> {
 
 fn expect_err(bytes: &[u8]) -> FormatError {
     let (err, largest) = parse_all(bytes);
-    assert!(
-        largest <= bound(bytes.len()),
-        "allocated {largest} bytes for a {}-byte input",
-        bytes.len()
-    );
+    assert!(largest <= bound(bytes.len()), "allocated {largest} bytes for a {}-byte input", bytes.len());
     err.expect("corrupt input was accepted")
 }
 
@@ -75,12 +71,7 @@ fn expect_err(bytes: &[u8]) -> FormatError {
 fn truncated_at_every_cut_point() {
     let b = quant_bytes();
     let f = GgufFile::parse(&b[..]).unwrap();
-    let data_end = f
-        .tensors()
-        .iter()
-        .map(|t| f.data_start() + t.offset + t.n_bytes)
-        .max()
-        .unwrap() as usize;
+    let data_end = f.tensors().iter().map(|t| f.data_start() + t.offset + t.n_bytes).max().unwrap() as usize;
     // The tracker sees the reader's allocations: the whole file yields an f32 tensor of
     // 200 values (800 bytes).
     let (err, largest) = parse_all(&b);
@@ -128,25 +119,13 @@ fn absurd_counts() {
     let body = vec![0u8; 256];
     for t in [u64::MAX, 1 << 40, 9] {
         assert!(
-            matches!(
-                expect_err(&header(t, 0, &body)),
-                FormatError::CountTooLarge {
-                    what: "tensor count",
-                    ..
-                }
-            ),
+            matches!(expect_err(&header(t, 0, &body)), FormatError::CountTooLarge { what: "tensor count", .. }),
             "{t}"
         );
     }
     for k in [u64::MAX, 1 << 40, 20] {
         assert!(
-            matches!(
-                expect_err(&header(0, k, &body)),
-                FormatError::CountTooLarge {
-                    what: "metadata count",
-                    ..
-                }
-            ),
+            matches!(expect_err(&header(0, k, &body)), FormatError::CountTooLarge { what: "metadata count", .. }),
             "{k}"
         );
     }
@@ -158,58 +137,26 @@ fn string_lengths_past_the_end() {
     let mut body = Vec::new();
     body.extend(u64::MAX.to_le_bytes());
     body.extend([0u8; 40]);
-    assert!(matches!(
-        expect_err(&header(0, 1, &body)),
-        FormatError::Truncated {
-            what: "metadata key",
-            ..
-        }
-    ));
+    assert!(matches!(expect_err(&header(0, 1, &body)), FormatError::Truncated { what: "metadata key", .. }));
     // A string value whose length exceeds the file.
     let mut body = Vec::new();
     put_str(&mut body, "k");
     body.extend(8u32.to_le_bytes());
     body.extend((1u64 << 50).to_le_bytes());
     body.extend([b'a'; 40]);
-    assert!(matches!(
-        expect_err(&header(0, 1, &body)),
-        FormatError::Truncated {
-            what: "string value",
-            ..
-        }
-    ));
+    assert!(matches!(expect_err(&header(0, 1, &body)), FormatError::Truncated { what: "string value", .. }));
     // An array count that cannot fit.
     for elem in [0u32, 6, 8, 9] {
-        let b = build_gguf(
-            &[(
-                "k",
-                V::Raw(
-                    9,
-                    [elem.to_le_bytes().as_slice(), &(1u64 << 40).to_le_bytes()].concat(),
-                ),
-            )],
-            &[],
-        );
-        assert!(
-            matches!(
-                expect_err(&b),
-                FormatError::CountTooLarge {
-                    what: "metadata array",
-                    ..
-                }
-            ),
-            "elem {elem}"
-        );
+        let b =
+            build_gguf(&[("k", V::Raw(9, [elem.to_le_bytes().as_slice(), &(1u64 << 40).to_le_bytes()].concat()))], &[]);
+        assert!(matches!(expect_err(&b), FormatError::CountTooLarge { what: "metadata array", .. }), "elem {elem}");
     }
 }
 
 #[test]
 fn bad_metadata_values() {
     let b = build_gguf(&[("k", V::Raw(13, vec![0; 8]))], &[]);
-    assert!(matches!(
-        expect_err(&b),
-        FormatError::UnknownValueType { type_id: 13, .. }
-    ));
+    assert!(matches!(expect_err(&b), FormatError::UnknownValueType { type_id: 13, .. }));
     let b = build_gguf(&[("k", V::Raw(7, vec![2]))], &[]);
     assert!(matches!(expect_err(&b), FormatError::BadMetadata { .. }));
     let mut bad_utf8 = Vec::new();
@@ -231,23 +178,12 @@ fn bad_metadata_values() {
     assert!(matches!(expect_err(&b), FormatError::DuplicateKey { .. }));
     for a in [0u32, 3, 48] {
         let b = build_gguf(&[("general.alignment", V::U32(a))], &[]);
-        assert!(
-            matches!(expect_err(&b), FormatError::BadAlignment { .. }),
-            "{a}"
-        );
+        assert!(matches!(expect_err(&b), FormatError::BadAlignment { .. }), "{a}");
     }
 }
 
 fn one_tensor(dims: Vec<u64>, ggml_type: u32, data: usize) -> Vec<u8> {
-    build_gguf(
-        &[],
-        &[TensorSpec {
-            name: "w".into(),
-            dims,
-            ggml_type,
-            data: vec![0; data],
-        }],
-    )
+    build_gguf(&[], &[TensorSpec { name: "w".into(), dims, ggml_type, data: vec![0; data] }])
 }
 
 #[test]
@@ -255,25 +191,15 @@ fn bad_tensor_infos() {
     // Sanity: the well-formed version is accepted.
     assert!(parse_all(&one_tensor(vec![32, 2], 8, 68)).0.is_none());
     let overflow = one_tensor(vec![1 << 32, 1 << 32, 2], 0, 8);
-    assert!(matches!(
-        expect_err(&overflow),
-        FormatError::BadShape { .. }
-    ));
+    assert!(matches!(expect_err(&overflow), FormatError::BadShape { .. }));
     let zero = one_tensor(vec![32, 0], 0, 8);
     assert!(matches!(expect_err(&zero), FormatError::BadShape { .. }));
     for n in [0u32, 5] {
         let mut b = one_tensor(vec![4], 0, 16);
         // n_dims follows the tensor name "w" in the info section.
-        let pos = b
-            .windows(9)
-            .position(|w| w == [1, 0, 0, 0, 0, 0, 0, 0, b'w'])
-            .unwrap()
-            + 9;
+        let pos = b.windows(9).position(|w| w == [1, 0, 0, 0, 0, 0, 0, 0, b'w']).unwrap() + 9;
         b[pos..pos + 4].copy_from_slice(&n.to_le_bytes());
-        assert!(
-            matches!(expect_err(&b), FormatError::BadDimCount { .. }),
-            "{n}"
-        );
+        assert!(matches!(expect_err(&b), FormatError::BadDimCount { .. }), "{n}");
     }
     for ty in [4u32, 31, 99, u32::MAX] {
         match expect_err(&one_tensor(vec![32], ty, 64)) {
@@ -283,51 +209,24 @@ fn bad_tensor_infos() {
             other => panic!("{other:?}"),
         }
     }
-    assert!(matches!(
-        expect_err(&one_tensor(vec![33], 8, 64)),
-        FormatError::BadRowLength { .. }
-    ));
+    assert!(matches!(expect_err(&one_tensor(vec![33], 8, 64)), FormatError::BadRowLength { .. }));
     // Data shorter than the shape needs (Q8_0: 2 rows of 34 bytes).
-    assert!(matches!(
-        expect_err(&one_tensor(vec![32, 2], 8, 60)),
-        FormatError::DataOutOfBounds { .. }
-    ));
+    assert!(matches!(expect_err(&one_tensor(vec![32, 2], 8, 60)), FormatError::DataOutOfBounds { .. }));
     // A data offset past the end, and a misaligned one.
     for off in [u64::MAX - 3, 1 << 40, 4] {
         let mut b = one_tensor(vec![4], 0, 16);
-        let pos = b
-            .windows(8)
-            .position(|w| w == [4, 0, 0, 0, 0, 0, 0, 0])
-            .unwrap()
-            + 8
-            + 4;
+        let pos = b.windows(8).position(|w| w == [4, 0, 0, 0, 0, 0, 0, 0]).unwrap() + 8 + 4;
         b[pos..pos + 8].copy_from_slice(&off.to_le_bytes());
-        assert!(
-            matches!(expect_err(&b), FormatError::DataOutOfBounds { .. }),
-            "{off}"
-        );
+        assert!(matches!(expect_err(&b), FormatError::DataOutOfBounds { .. }), "{off}");
     }
     let dup = build_gguf(
         &[],
         &[
-            TensorSpec {
-                name: "w".into(),
-                dims: vec![4],
-                ggml_type: 0,
-                data: vec![0; 16],
-            },
-            TensorSpec {
-                name: "w".into(),
-                dims: vec![4],
-                ggml_type: 0,
-                data: vec![0; 16],
-            },
+            TensorSpec { name: "w".into(), dims: vec![4], ggml_type: 0, data: vec![0; 16] },
+            TensorSpec { name: "w".into(), dims: vec![4], ggml_type: 0, data: vec![0; 16] },
         ],
     );
-    assert!(matches!(
-        expect_err(&dup),
-        FormatError::DuplicateTensor { .. }
-    ));
+    assert!(matches!(expect_err(&dup), FormatError::DuplicateTensor { .. }));
 }
 
 proptest! {

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use half::{bf16, f16};
 use kvslice_formats::fs::open_model;
 use kvslice_formats::{
-    Architecture, FormatError, ModelConfig, RopeScaling, SafetensorsWeights, WeightSource,
-    expected_tensors, safetensors_index_files,
+    Architecture, FormatError, ModelConfig, RopeScaling, SafetensorsWeights, WeightSource, expected_tensors,
+    safetensors_index_files,
 };
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
@@ -30,14 +30,8 @@ const LLAMA: &str = r#"{
 fn llama_config_transformers5_format() {
     let c = ModelConfig::from_hf_json(LLAMA.as_bytes()).unwrap();
     assert_eq!(c.architecture, Architecture::Llama);
-    assert_eq!(
-        (c.hidden_size, c.intermediate_size, c.num_hidden_layers),
-        (8, 12, 2)
-    );
-    assert_eq!(
-        (c.num_attention_heads, c.num_key_value_heads, c.head_dim),
-        (2, 1, 4)
-    );
+    assert_eq!((c.hidden_size, c.intermediate_size, c.num_hidden_layers), (8, 12, 2));
+    assert_eq!((c.num_attention_heads, c.num_key_value_heads, c.head_dim), (2, 1, 4));
     assert_eq!(c.rope_theta, 500000.0);
     assert_eq!(
         c.rope_scaling,
@@ -50,10 +44,7 @@ fn llama_config_transformers5_format() {
     );
     assert_eq!(c.rms_norm_eps, 1e-6);
     assert_eq!((c.vocab_size, c.max_position_embeddings), (16, 128));
-    assert_eq!(
-        (c.bos_token_id, c.eos_token_ids.clone()),
-        (Some(1), vec![2, 7])
-    );
+    assert_eq!((c.bos_token_id, c.eos_token_ids.clone()), (Some(1), vec![2, 7]));
     assert!(!c.tie_word_embeddings && !c.attention_qkv_bias && !c.attention_out_bias);
     assert_eq!(c.sliding_window, None);
     assert_eq!(c.group_size(), 2);
@@ -80,10 +71,7 @@ fn legacy_keys_qwen2_and_mistral() {
     let c = ModelConfig::from_hf_json(qwen2.as_bytes()).unwrap();
     assert_eq!(c.architecture, Architecture::Qwen2);
     assert!(c.attention_qkv_bias && !c.attention_out_bias);
-    assert_eq!(
-        (c.rope_theta, c.rope_scaling, c.sliding_window),
-        (10000.0, None, None)
-    );
+    assert_eq!((c.rope_theta, c.rope_scaling, c.sliding_window), (10000.0, None, None));
     let names: Vec<String> = expected_tensors(&c).into_iter().map(|e| e.name).collect();
     assert!(names.contains(&"model.layers.1.self_attn.k_proj.bias".to_string()));
     assert!(!names.contains(&"model.layers.1.self_attn.o_proj.bias".to_string()));
@@ -93,10 +81,7 @@ fn legacy_keys_qwen2_and_mistral() {
         "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16,
         "max_position_embeddings": 512, "vocab_size": 20, "sliding_window": 128}"#;
     let c = ModelConfig::from_hf_json(mistral.as_bytes()).unwrap();
-    assert_eq!(
-        (c.architecture, c.sliding_window, c.head_dim),
-        (Architecture::Mistral, Some(128), 16)
-    );
+    assert_eq!((c.architecture, c.sliding_window, c.head_dim), (Architecture::Mistral, Some(128), 16));
 }
 
 #[test]
@@ -105,30 +90,15 @@ fn config_errors() {
     assert!(
         matches!(ModelConfig::from_hf_json(gpt.as_bytes()), Err(FormatError::UnknownArchitecture { name }) if name == "gpt2")
     );
-    assert!(matches!(
-        ModelConfig::from_hf_json(b"{not json"),
-        Err(FormatError::BadConfig { .. })
-    ));
+    assert!(matches!(ModelConfig::from_hf_json(b"{not json"), Err(FormatError::BadConfig { .. })));
     let missing = r#"{"model_type": "llama", "hidden_size": 8}"#;
-    assert!(matches!(
-        ModelConfig::from_hf_json(missing.as_bytes()),
-        Err(FormatError::BadConfig { .. })
-    ));
+    assert!(matches!(ModelConfig::from_hf_json(missing.as_bytes()), Err(FormatError::BadConfig { .. })));
     let bad_heads = LLAMA.replace("\"num_key_value_heads\": 1", "\"num_key_value_heads\": 3");
-    assert!(matches!(
-        ModelConfig::from_hf_json(bad_heads.as_bytes()),
-        Err(FormatError::BadConfig { .. })
-    ));
+    assert!(matches!(ModelConfig::from_hf_json(bad_heads.as_bytes()), Err(FormatError::BadConfig { .. })));
     let bad_rope = LLAMA.replace("\"llama3\"", "\"yarn\"");
-    assert!(matches!(
-        ModelConfig::from_hf_json(bad_rope.as_bytes()),
-        Err(FormatError::BadConfig { .. })
-    ));
+    assert!(matches!(ModelConfig::from_hf_json(bad_rope.as_bytes()), Err(FormatError::BadConfig { .. })));
     let huge = LLAMA.replace("\"vocab_size\": 16", "\"vocab_size\": 1000000000000");
-    assert!(matches!(
-        ModelConfig::from_hf_json(huge.as_bytes()),
-        Err(FormatError::BadConfig { .. })
-    ));
+    assert!(matches!(ModelConfig::from_hf_json(huge.as_bytes()), Err(FormatError::BadConfig { .. })));
 }
 
 /// Value of element `i` of tensor number `k`: exactly representable in f16 and bf16.
@@ -139,14 +109,8 @@ fn value(k: usize, i: usize) -> f32 {
 fn encode(dtype: Dtype, v: &[f32]) -> Vec<u8> {
     match dtype {
         Dtype::F32 => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Dtype::F16 => v
-            .iter()
-            .flat_map(|x| f16::from_f32(*x).to_bits().to_le_bytes())
-            .collect(),
-        Dtype::BF16 => v
-            .iter()
-            .flat_map(|x| bf16::from_f32(*x).to_bits().to_le_bytes())
-            .collect(),
+        Dtype::F16 => v.iter().flat_map(|x| f16::from_f32(*x).to_bits().to_le_bytes()).collect(),
+        Dtype::BF16 => v.iter().flat_map(|x| bf16::from_f32(*x).to_bits().to_le_bytes()).collect(),
         Dtype::I32 => v.iter().flat_map(|x| (*x as i32).to_le_bytes()).collect(),
         _ => unreachable!(),
     }
@@ -172,10 +136,8 @@ fn shards(
     per.into_iter()
         .enumerate()
         .map(|(i, ts)| {
-            let views: Vec<(String, TensorView<'_>)> = ts
-                .iter()
-                .map(|(n, s, d, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
-                .collect();
+            let views: Vec<(String, TensorView<'_>)> =
+                ts.iter().map(|(n, s, d, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
             let name = if n_shards == 1 {
                 "model.safetensors".to_string()
             } else {
@@ -212,11 +174,7 @@ fn safetensors_errors() {
         }),
     );
     match r {
-        Err(FormatError::ShapeMismatch {
-            tensor,
-            expected,
-            got,
-        }) => {
+        Err(FormatError::ShapeMismatch { tensor, expected, got }) => {
             assert_eq!(tensor, "model.layers.1.mlp.up_proj.weight");
             assert_eq!((expected, got), (vec![12, 8], vec![8, 12]));
         }
@@ -236,21 +194,14 @@ fn safetensors_errors() {
 
     let mut s = shards(&cfg, 3, |_, _, _| {});
     s.remove(1);
-    assert!(matches!(
-        SafetensorsWeights::new(cfg.clone(), s),
-        Err(FormatError::MissingTensor { .. })
-    ));
+    assert!(matches!(SafetensorsWeights::new(cfg.clone(), s), Err(FormatError::MissingTensor { .. })));
 
     let good = shards(&cfg, 1, |_, _, _| {}).remove(0).1;
-    let bad = |bytes: Vec<u8>| {
-        SafetensorsWeights::new(cfg.clone(), vec![("x.safetensors".into(), bytes)])
-    };
+    let bad = |bytes: Vec<u8>| SafetensorsWeights::new(cfg.clone(), vec![("x.safetensors".into(), bytes)]);
     // Absurd header length.
     let mut b = good.clone();
     b[..8].copy_from_slice(&u64::MAX.to_le_bytes());
-    assert!(
-        matches!(bad(b), Err(FormatError::BadSafetensors { file, .. }) if file == "x.safetensors")
-    );
+    assert!(matches!(bad(b), Err(FormatError::BadSafetensors { file, .. }) if file == "x.safetensors"));
     let mut b = good.clone();
     b[..8].copy_from_slice(&((good.len() as u64) * 4).to_le_bytes());
     assert!(matches!(bad(b), Err(FormatError::BadSafetensors { .. })));
@@ -260,38 +211,20 @@ fn safetensors_errors() {
     assert!(matches!(bad(b), Err(FormatError::BadSafetensors { .. })));
     // Truncated at many points.
     for cut in (0..good.len()).step_by(7) {
-        assert!(
-            matches!(
-                bad(good[..cut].to_vec()),
-                Err(FormatError::BadSafetensors { .. })
-            ),
-            "cut {cut}"
-        );
+        assert!(matches!(bad(good[..cut].to_vec()), Err(FormatError::BadSafetensors { .. })), "cut {cut}");
     }
     // Duplicate tensors across shards.
     let one = shards(&cfg, 1, |_, _, _| {}).remove(0);
-    let r = SafetensorsWeights::new(
-        cfg.clone(),
-        vec![one.clone(), ("b.safetensors".into(), one.1)],
-    );
+    let r = SafetensorsWeights::new(cfg.clone(), vec![one.clone(), ("b.safetensors".into(), one.1)]);
     assert!(matches!(r, Err(FormatError::DuplicateTensor { .. })));
 }
 
 #[test]
 fn index_files() {
     let idx = br#"{"metadata": {"total_size": 10}, "weight_map": {"a": "m-2.safetensors", "b": "m-1.safetensors", "c": "m-2.safetensors"}}"#;
-    assert_eq!(
-        safetensors_index_files(idx).unwrap(),
-        ["m-1.safetensors", "m-2.safetensors"]
-    );
-    assert!(matches!(
-        safetensors_index_files(b"{}"),
-        Err(FormatError::BadIndex { .. })
-    ));
-    assert!(matches!(
-        safetensors_index_files(br#"{"weight_map": {"a": "../x"}}"#),
-        Err(FormatError::BadIndex { .. })
-    ));
+    assert_eq!(safetensors_index_files(idx).unwrap(), ["m-1.safetensors", "m-2.safetensors"]);
+    assert!(matches!(safetensors_index_files(b"{}"), Err(FormatError::BadIndex { .. })));
+    assert!(matches!(safetensors_index_files(br#"{"weight_map": {"a": "../x"}}"#), Err(FormatError::BadIndex { .. })));
 }
 
 fn temp_dir(tag: &str) -> std::path::PathBuf {
@@ -310,9 +243,7 @@ fn hf_folder_on_disk() {
         Err(FormatError::MissingFiles { files }) => {
             let all = files.join(" ");
             assert!(
-                all.contains("config.json")
-                    && all.contains("tokenizer.json")
-                    && all.contains("model.safetensors"),
+                all.contains("config.json") && all.contains("tokenizer.json") && all.contains("model.safetensors"),
                 "{all}"
             );
         }
@@ -321,11 +252,7 @@ fn hf_folder_on_disk() {
     std::fs::write(dir.join("config.json"), LLAMA).unwrap();
     let tiny = common::golden("tokenizer/tiny");
     std::fs::copy(tiny.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
-    std::fs::copy(
-        tiny.join("tokenizer_config.json"),
-        dir.join("tokenizer_config.json"),
-    )
-    .unwrap();
+    std::fs::copy(tiny.join("tokenizer_config.json"), dir.join("tokenizer_config.json")).unwrap();
     let sh = shards(&cfg, 2, |_, _, _| {});
     let mut map = HashMap::new();
     for (name, bytes) in &sh {
@@ -334,11 +261,8 @@ fn hf_folder_on_disk() {
             map.insert(t.to_string(), name.clone());
         }
     }
-    std::fs::write(
-        dir.join("model.safetensors.index.json"),
-        serde_json::json!({"weight_map": map}).to_string(),
-    )
-    .unwrap();
+    std::fs::write(dir.join("model.safetensors.index.json"), serde_json::json!({"weight_map": map}).to_string())
+        .unwrap();
     std::fs::write(dir.join(&sh[0].0), &sh[0].1).unwrap();
     match open_model(&dir) {
         Err(FormatError::MissingFiles { files }) => {

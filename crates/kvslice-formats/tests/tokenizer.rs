@@ -12,11 +12,7 @@ fn golden_json(rel: &str) -> Value {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
 }
 
 fn messages(v: &Value) -> Vec<ChatMessage> {
@@ -62,16 +58,9 @@ fn tiny_hf_folder_matches_transformers() {
     let g = golden_json("tokenizer/tiny_cases.json");
     let tok = tiny_hf();
     check_cases(&tok, &g["cases"], "tokenizer_json");
-    assert_eq!(
-        (tok.bos_token_id(), tok.eos_token_id(), tok.add_bos_token()),
-        (Some(1), Some(2), false)
-    );
+    assert_eq!((tok.bos_token_id(), tok.eos_token_id(), tok.add_bos_token()), (Some(1), Some(2), false));
     for c in g["chat"].as_array().unwrap() {
-        assert_eq!(
-            tok.apply_chat_template(&messages(&c["messages"]), true)
-                .unwrap(),
-            c["rendered"].as_str().unwrap()
-        );
+        assert_eq!(tok.apply_chat_template(&messages(&c["messages"]), true).unwrap(), c["rendered"].as_str().unwrap());
     }
 }
 
@@ -88,16 +77,9 @@ fn tiny_gguf_matches_model_tokenizer_and_transformers() {
     let compat = Tokenizer::from_gguf_with(&f, GgufPreTokenizer::TransformersCompat).unwrap();
     check_cases(&compat, &g["cases"], "transformers_gguf");
     check_cases(&compat, &g["cases"], "transformers_auto");
-    assert_eq!(
-        (tok.bos_token_id(), tok.eos_token_id(), tok.add_bos_token()),
-        (Some(1), Some(2), false)
-    );
+    assert_eq!((tok.bos_token_id(), tok.eos_token_id(), tok.add_bos_token()), (Some(1), Some(2), false));
     for c in g["chat"].as_array().unwrap() {
-        assert_eq!(
-            tok.apply_chat_template(&messages(&c["messages"]), true)
-                .unwrap(),
-            c["rendered"].as_str().unwrap()
-        );
+        assert_eq!(tok.apply_chat_template(&messages(&c["messages"]), true).unwrap(), c["rendered"].as_str().unwrap());
     }
     // Special tokens are skipped on request.
     let with_special = tok.encode("<|im_start|>user\nhi<|im_end|>", true).unwrap();
@@ -107,68 +89,32 @@ fn tiny_gguf_matches_model_tokenizer_and_transformers() {
 
 #[test]
 fn gguf_tokenizer_errors() {
-    let f = GgufFile::parse(build_gguf(
-        &[("tokenizer.ggml.model", V::Str("llama".into()))],
-        &[],
-    ))
-    .unwrap();
+    let f = GgufFile::parse(build_gguf(&[("tokenizer.ggml.model", V::Str("llama".into()))], &[])).unwrap();
     assert!(
         matches!(Tokenizer::from_gguf(&f), Err(FormatError::UnsupportedTokenizer { value, .. }) if value == "llama")
     );
     let f = GgufFile::parse(build_gguf(&[], &[])).unwrap();
-    assert!(
-        matches!(Tokenizer::from_gguf(&f), Err(FormatError::MissingKey { key }) if key == "tokenizer.ggml.model")
-    );
+    assert!(matches!(Tokenizer::from_gguf(&f), Err(FormatError::MissingKey { key }) if key == "tokenizer.ggml.model"));
     let base = |merges: Vec<String>, extra: Option<(&'static str, V)>| {
         let mut kvs = vec![
             ("tokenizer.ggml.model", V::Str("gpt2".into())),
-            (
-                "tokenizer.ggml.tokens",
-                V::StrArr(vec!["a".into(), "b".into(), "ab".into()]),
-            ),
+            ("tokenizer.ggml.tokens", V::StrArr(vec!["a".into(), "b".into(), "ab".into()])),
             ("tokenizer.ggml.merges", V::StrArr(merges)),
         ];
         kvs.extend(extra);
         GgufFile::parse(build_gguf(&kvs, &[])).unwrap()
     };
     assert!(Tokenizer::from_gguf(&base(vec!["a b".into()], None)).is_ok());
-    assert!(matches!(
-        Tokenizer::from_gguf(&base(vec!["ab".into()], None)),
-        Err(FormatError::BadMetadata { .. })
-    ));
-    let f = base(
-        vec!["a b".into()],
-        Some(("tokenizer.ggml.pre", V::Str("falcon".into()))),
-    );
-    assert!(matches!(
-        Tokenizer::from_gguf(&f),
-        Err(FormatError::UnsupportedTokenizer { .. })
-    ));
-    let f = base(
-        vec!["a b".into()],
-        Some(("tokenizer.ggml.token_type", V::I32Arr(vec![1, 1]))),
-    );
-    assert!(matches!(
-        Tokenizer::from_gguf(&f),
-        Err(FormatError::BadMetadata { .. })
-    ));
-    let f = base(
-        vec!["a b".into()],
-        Some(("tokenizer.ggml.bos_token_id", V::U32(3))),
-    );
-    assert!(matches!(
-        Tokenizer::from_gguf(&f),
-        Err(FormatError::BadMetadata { .. })
-    ));
+    assert!(matches!(Tokenizer::from_gguf(&base(vec!["ab".into()], None)), Err(FormatError::BadMetadata { .. })));
+    let f = base(vec!["a b".into()], Some(("tokenizer.ggml.pre", V::Str("falcon".into()))));
+    assert!(matches!(Tokenizer::from_gguf(&f), Err(FormatError::UnsupportedTokenizer { .. })));
+    let f = base(vec!["a b".into()], Some(("tokenizer.ggml.token_type", V::I32Arr(vec![1, 1]))));
+    assert!(matches!(Tokenizer::from_gguf(&f), Err(FormatError::BadMetadata { .. })));
+    let f = base(vec!["a b".into()], Some(("tokenizer.ggml.bos_token_id", V::U32(3))));
+    assert!(matches!(Tokenizer::from_gguf(&f), Err(FormatError::BadMetadata { .. })));
     let tok = Tokenizer::from_gguf(&base(vec!["a b".into()], None)).unwrap();
-    assert!(matches!(
-        tok.apply_chat_template(&[ChatMessage::user("x")], true),
-        Err(FormatError::NoChatTemplate)
-    ));
-    let f = base(
-        vec!["a b".into()],
-        Some(("tokenizer.chat_template", V::Str("{{ messages }}".into()))),
-    );
+    assert!(matches!(tok.apply_chat_template(&[ChatMessage::user("x")], true), Err(FormatError::NoChatTemplate)));
+    let f = base(vec!["a b".into()], Some(("tokenizer.chat_template", V::Str("{{ messages }}".into()))));
     let tok = Tokenizer::from_gguf(&f).unwrap();
     assert!(matches!(
         tok.apply_chat_template(&[ChatMessage::user("x")], true),
@@ -181,10 +127,7 @@ fn gguf_add_bos_token() {
     let f = GgufFile::parse(build_gguf(
         &[
             ("tokenizer.ggml.model", V::Str("gpt2".into())),
-            (
-                "tokenizer.ggml.tokens",
-                V::StrArr(vec!["<s>".into(), "a".into(), "b".into(), "ab".into()]),
-            ),
+            ("tokenizer.ggml.tokens", V::StrArr(vec!["<s>".into(), "a".into(), "b".into(), "ab".into()])),
             ("tokenizer.ggml.merges", V::StrArr(vec!["a b".into()])),
             ("tokenizer.ggml.token_type", V::I32Arr(vec![3, 1, 1, 1])),
             ("tokenizer.ggml.bos_token_id", V::U32(0)),
@@ -213,25 +156,14 @@ fn real_smollm2_tokenizer() {
     let compat = Tokenizer::from_gguf_with(&f, GgufPreTokenizer::TransformersCompat).unwrap();
     check_cases(&compat, &g["cases"], "transformers_gguf");
     assert_eq!(tok.vocab_size(), 49152);
-    assert_eq!(
-        tok.bos_token_id(),
-        g["bos_token_id"].as_u64().map(|x| x as u32)
-    );
-    assert_eq!(
-        tok.eos_token_id(),
-        g["eos_token_id"].as_u64().map(|x| x as u32)
-    );
+    assert_eq!(tok.bos_token_id(), g["bos_token_id"].as_u64().map(|x| x as u32));
+    assert_eq!(tok.eos_token_id(), g["eos_token_id"].as_u64().map(|x| x as u32));
     assert!(!tok.add_bos_token());
     // Digits are split one by one.
     assert_eq!(tok.encode("2024", false).unwrap(), [34, 32, 34, 36]);
     for c in g["chat"].as_array().unwrap() {
-        let rendered = tok
-            .apply_chat_template(&messages(&c["messages"]), true)
-            .unwrap();
+        let rendered = tok.apply_chat_template(&messages(&c["messages"]), true).unwrap();
         assert_eq!(rendered, c["rendered"].as_str().unwrap());
-        assert_eq!(
-            tok.encode(&rendered, true).unwrap(),
-            ids(&c["transformers_gguf_ids"])
-        );
+        assert_eq!(tok.encode(&rendered, true).unwrap(), ids(&c["transformers_gguf_ids"]));
     }
 }

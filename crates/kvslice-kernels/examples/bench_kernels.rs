@@ -16,8 +16,8 @@ use burn::tensor::module::avg_pool1d;
 use burn::tensor::ops::AvgPoolOptions;
 use burn::tensor::{Bool, Device, DeviceKind, Int, Tensor, TensorData};
 use kvslice_kernels::{
-    CacheTensors, Protect, Reduce, StatsRequest, compact_in_place, decode_attention, pool1d,
-    reduce_groups, top_k, window_stats,
+    CacheTensors, Protect, Reduce, StatsRequest, compact_in_place, decode_attention, pool1d, reduce_groups, top_k,
+    window_stats,
 };
 
 const HEADS: usize = 9;
@@ -56,43 +56,20 @@ fn median_ms(dev: &Device, reps: usize, mut f: impl FnMut()) -> f64 {
     times[times.len() / 2]
 }
 
-fn naive_stats(
-    q: &Tensor<3>,
-    k: &Tensor<3>,
-    v: &Tensor<3>,
-    n: usize,
-    dev: &Device,
-) -> Vec<Tensor<2>> {
+fn naive_stats(q: &Tensor<3>, k: &Tensor<3>, v: &Tensor<3>, n: usize, dev: &Device) -> Vec<Tensor<2>> {
     let g = HEADS / KV_HEADS;
-    let expand = |t: &Tensor<3>| {
-        t.clone()
-            .reshape([KV_HEADS, 1, n, D])
-            .repeat_dim(1, g)
-            .reshape([HEADS, n, D])
-    };
+    let expand = |t: &Tensor<3>| t.clone().reshape([KV_HEADS, 1, n, D]).repeat_dim(1, g).reshape([HEADS, n, D]);
     let (k, v) = (expand(k), expand(v));
     let scores = q.clone().matmul(k.swap_dims(1, 2)) * (1.0 / (D as f64).sqrt());
-    let mask = Tensor::<2, Bool>::tril_mask([W, n], (n - W) as i64, dev)
-        .reshape([1, W, n])
-        .repeat_dim(0, HEADS);
+    let mask = Tensor::<2, Bool>::tril_mask([W, n], (n - W) as i64, dev).reshape([1, W, n]).repeat_dim(0, HEADS);
     let a = softmax(scores.mask_fill(mask, f32::NEG_INFINITY), 2);
     let mean = a.clone().mean_dim(1).reshape([HEADS, n]);
     let var = a.clone().var(1).reshape([HEADS, n]);
-    let last = a
-        .clone()
-        .slice([0..HEADS, W - 1..W, 0..n])
-        .reshape([HEADS, n]);
-    let vnorm = v
-        .clone()
-        .powf_scalar(2.0)
-        .sum_dim(2)
-        .sqrt()
-        .reshape([HEADS, n]);
+    let last = a.clone().slice([0..HEADS, W - 1..W, 0..n]).reshape([HEADS, n]);
+    let vnorm = v.clone().powf_scalar(2.0).sum_dim(2).sqrt().reshape([HEADS, n]);
     let o = a.clone().matmul(v.clone());
     let dir = o.clone() / o.powf_scalar(2.0).sum_dim(2).sqrt();
-    let proj = (a * dir.matmul(v.swap_dims(1, 2)))
-        .mean_dim(1)
-        .reshape([HEADS, n]);
+    let proj = (a * dir.matmul(v.swap_dims(1, 2))).mean_dim(1).reshape([HEADS, n]);
     vec![mean.clone(), var, last, mean * vnorm, proj]
 }
 
@@ -105,10 +82,7 @@ fn main() {
     while i < args.len() {
         match args[i].as_str() {
             "--sizes" => {
-                sizes = args[i + 1]
-                    .split(',')
-                    .map(|s| s.parse().expect("size"))
-                    .collect();
+                sizes = args[i + 1].split(',').map(|s| s.parse().expect("size")).collect();
                 i += 1;
             }
             "--only" => {
@@ -129,30 +103,16 @@ fn main() {
     let want = |name: &str| only.as_deref().is_none_or(|o| o == name);
 
     for &n in &sizes {
-        let q =
-            Tensor::<3>::from_data(TensorData::new(rng.vec(HEADS * W * D), [HEADS, W, D]), &dev);
-        let k = Tensor::<3>::from_data(
-            TensorData::new(rng.vec(KV_HEADS * n * D), [KV_HEADS, n, D]),
-            &dev,
-        );
-        let v = Tensor::<3>::from_data(
-            TensorData::new(rng.vec(KV_HEADS * n * D), [KV_HEADS, n, D]),
-            &dev,
-        );
-        let request = StatsRequest {
-            value_norm: true,
-            projection: true,
-        };
+        let q = Tensor::<3>::from_data(TensorData::new(rng.vec(HEADS * W * D), [HEADS, W, D]), &dev);
+        let k = Tensor::<3>::from_data(TensorData::new(rng.vec(KV_HEADS * n * D), [KV_HEADS, n, D]), &dev);
+        let v = Tensor::<3>::from_data(TensorData::new(rng.vec(KV_HEADS * n * D), [KV_HEADS, n, D]), &dev);
+        let request = StatsRequest { value_norm: true, projection: true };
 
         // top-k budgets: a quarter of the keys per KV head, 4 sinks, 32 recent
-        let scores =
-            Tensor::<2>::from_data(TensorData::new(rng.vec(KV_HEADS * n), [KV_HEADS, n]), &dev);
+        let scores = Tensor::<2>::from_data(TensorData::new(rng.vec(KV_HEADS * n), [KV_HEADS, n]), &dev);
         let lens = vec![n as u32; KV_HEADS];
         let ks = vec![(n / 4) as u32; KV_HEADS];
-        let protect = Protect {
-            sinks: 4,
-            recent: 32,
-        };
+        let protect = Protect { sinks: 4, recent: 32 };
 
         // 1. window statistics (the naive route always computes every term)
         if want("stats") {
@@ -169,8 +129,7 @@ fn main() {
 
         if want("pool") {
             // 2. pooling + GQA reduction of a [heads, n] table
-            let table =
-                Tensor::<2>::from_data(TensorData::new(rng.vec(HEADS * n), [HEADS, n]), &dev);
+            let table = Tensor::<2>::from_data(TensorData::new(rng.vec(HEADS * n), [HEADS, n]), &dev);
             let kernel = median_ms(&dev, reps, || {
                 let p = pool1d(&table, POOL, Reduce::Mean).unwrap();
                 drop(reduce_groups(&p, KV_HEADS, Reduce::Mean).unwrap());
@@ -183,11 +142,7 @@ fn main() {
                     count_include_pad: true,
                     ceil_mode: false,
                 };
-                let p = avg_pool1d(table.clone().reshape([HEADS, 1, n]), opts).reshape([
-                    KV_HEADS,
-                    HEADS / KV_HEADS,
-                    n,
-                ]);
+                let p = avg_pool1d(table.clone().reshape([HEADS, 1, n]), opts).reshape([KV_HEADS, HEADS / KV_HEADS, n]);
                 drop(p.mean_dim(1));
             });
             rows.push(("pool + GQA", n, kernel, naive));
@@ -195,9 +150,7 @@ fn main() {
 
         if want("topk") {
             // 3. top-k per KV head (k = n/4, different per head in the kernel's favourite case too)
-            let kernel = median_ms(&dev, reps, || {
-                drop(top_k(&scores, &lens, &ks, protect).unwrap())
-            });
+            let kernel = median_ms(&dev, reps, || drop(top_k(&scores, &lens, &ks, protect).unwrap()));
             let naive = median_ms(&dev, reps, || {
                 // full sort (Burn's `topk` is far slower here), the best n/4, sorted back by
                 // position
@@ -216,11 +169,7 @@ fn main() {
             let mut pc = Tensor::<2, Int>::from_data(TensorData::new(pos, [KV_HEADS, n]), &dev);
             let kernel = median_ms(&dev, reps, || {
                 compact_in_place(
-                    CacheTensors {
-                        keys: &mut kc,
-                        values: &mut vc,
-                        positions: &mut pc,
-                    },
+                    CacheTensors { keys: &mut kc, values: &mut vc, positions: &mut pc },
                     &kept.positions,
                     &kept.counts,
                     &lens,
@@ -229,21 +178,9 @@ fn main() {
             });
             let naive = median_ms(&dev, reps, || {
                 for h in 0..KV_HEADS {
-                    let idx = kept
-                        .positions
-                        .clone()
-                        .slice([h..h + 1, 0..n / 4])
-                        .reshape([n / 4]);
-                    drop(
-                        k.clone()
-                            .slice([h..h + 1, 0..n, 0..D])
-                            .select(1, idx.clone()),
-                    );
-                    drop(
-                        v.clone()
-                            .slice([h..h + 1, 0..n, 0..D])
-                            .select(1, idx.clone()),
-                    );
+                    let idx = kept.positions.clone().slice([h..h + 1, 0..n / 4]).reshape([n / 4]);
+                    drop(k.clone().slice([h..h + 1, 0..n, 0..D]).select(1, idx.clone()));
+                    drop(v.clone().slice([h..h + 1, 0..n, 0..D]).select(1, idx.clone()));
                     drop(pc.clone().slice([h..h + 1, 0..n]).select(1, idx));
                 }
             });
@@ -254,29 +191,15 @@ fn main() {
             // 5. decode attention with per-slot weights accumulated
             let qd = Tensor::<2>::from_data(TensorData::new(rng.vec(HEADS * D), [HEADS, D]), &dev);
             let mut acc = Tensor::<2>::zeros([KV_HEADS, n], &dev);
-            let kernel = median_ms(&dev, reps, || {
-                drop(decode_attention(&qd, &k, &v, &lens, Some(&mut acc)).unwrap())
-            });
+            let kernel = median_ms(&dev, reps, || drop(decode_attention(&qd, &k, &v, &lens, Some(&mut acc)).unwrap()));
             let naive = median_ms(&dev, reps, || {
                 let g = HEADS / KV_HEADS;
-                let kx = k
-                    .clone()
-                    .reshape([KV_HEADS, 1, n, D])
-                    .repeat_dim(1, g)
-                    .reshape([HEADS, n, D]);
-                let vx = v
-                    .clone()
-                    .reshape([KV_HEADS, 1, n, D])
-                    .repeat_dim(1, g)
-                    .reshape([HEADS, n, D]);
-                let s = qd.clone().reshape([HEADS, 1, D]).matmul(kx.swap_dims(1, 2))
-                    * (1.0 / (D as f64).sqrt());
+                let kx = k.clone().reshape([KV_HEADS, 1, n, D]).repeat_dim(1, g).reshape([HEADS, n, D]);
+                let vx = v.clone().reshape([KV_HEADS, 1, n, D]).repeat_dim(1, g).reshape([HEADS, n, D]);
+                let s = qd.clone().reshape([HEADS, 1, D]).matmul(kx.swap_dims(1, 2)) * (1.0 / (D as f64).sqrt());
                 let a = softmax(s, 2);
                 let out = a.clone().matmul(vx);
-                let w = a
-                    .reshape([KV_HEADS, g, n])
-                    .mean_dim(1)
-                    .reshape([KV_HEADS, n]);
+                let w = a.reshape([KV_HEADS, g, n]).mean_dim(1).reshape([KV_HEADS, n]);
                 drop(out);
                 drop(acc.clone() + w);
             });
@@ -296,9 +219,7 @@ fn main() {
         if rows.iter().all(|r| r.0 != kernel_name) {
             continue;
         }
-        println!(
-            "\n### {kernel_name}\n\n| n | kernel ms | naive ms | naive / kernel |\n|---:|---:|---:|---:|"
-        );
+        println!("\n### {kernel_name}\n\n| n | kernel ms | naive ms | naive / kernel |\n|---:|---:|---:|---:|");
         for &(_, n, ms, naive) in rows.iter().filter(|r| r.0 == kernel_name) {
             println!("| {n} | {ms:.2} | {naive:.2} | {:.2} |", naive / ms);
         }

@@ -61,10 +61,7 @@ fn main() {
     while i < args.len() {
         match args[i].as_str() {
             "--rows" => {
-                rows = args[i + 1]
-                    .split(',')
-                    .map(|s| s.parse().expect("row count"))
-                    .collect();
+                rows = args[i + 1].split(',').map(|s| s.parse().expect("row count")).collect();
                 i += 1;
             }
             "--reps" => {
@@ -88,17 +85,9 @@ fn main() {
             if per_layer == 0 && !head {
                 continue;
             }
-            let x = Tensor::<2>::from_data(
-                TensorData::new(values(n * d_in, &mut seed), [n, d_in]),
-                &dev,
-            );
-            let w = Tensor::<2>::from_data(
-                TensorData::new(values(d_in * d_out, &mut seed), [d_in, d_out]),
-                &dev,
-            );
-            let b = with_bias.then(|| {
-                Tensor::<1>::from_data(TensorData::new(values(d_out, &mut seed), [d_out]), &dev)
-            });
+            let x = Tensor::<2>::from_data(TensorData::new(values(n * d_in, &mut seed), [n, d_in]), &dev);
+            let w = Tensor::<2>::from_data(TensorData::new(values(d_in * d_out, &mut seed), [d_in, d_out]), &dev);
+            let b = with_bias.then(|| Tensor::<1>::from_data(TensorData::new(values(d_out, &mut seed), [d_out]), &dev));
             let matmul = median_ms(&dev, reps, || {
                 let y = x.clone().matmul(w.clone());
                 let y = match &b {
@@ -110,21 +99,11 @@ fn main() {
             let kernel = median_ms(&dev, reps, || {
                 drop(linear(x.clone(), w.clone(), b.clone()).expect("valid shapes"));
             });
-            let uses = if per_layer == 0 {
-                1
-            } else {
-                per_layer * LAYERS
-            };
+            let uses = if per_layer == 0 { 1 } else { per_layer * LAYERS };
             step_matmul += matmul * uses as f64;
             step_linear += kernel * uses as f64;
-            println!(
-                "| {name} | {n} | {matmul:.3} | {kernel:.3} | {:.1} |",
-                matmul / kernel
-            );
+            println!("| {name} | {n} | {matmul:.3} | {kernel:.3} | {:.1} |", matmul / kernel);
         }
-        println!(
-            "| decode step | {n} | {step_matmul:.1} | {step_linear:.1} | {:.1} |",
-            step_matmul / step_linear
-        );
+        println!("| decode step | {n} | {step_matmul:.1} | {step_linear:.1} | {:.1} |", step_matmul / step_linear);
     }
 }

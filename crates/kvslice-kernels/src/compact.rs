@@ -65,19 +65,11 @@ fn check_cache(cache: &CacheTensors<'_>, lens: &[u32]) -> Result<Checked> {
     gpu::check_elements("keys", &[kv_heads, cap, d])?;
     gpu::check_groups("kv_heads", kv_heads)?;
     if lens.len() != kv_heads {
-        return Err(KernelError::PerHead {
-            what: "lengths",
-            expected: kv_heads,
-            got: lens.len(),
-        });
+        return Err(KernelError::PerHead { what: "lengths", expected: kv_heads, got: lens.len() });
     }
     for (h, &len) in lens.iter().enumerate() {
         if len as usize > cap {
-            return Err(KernelError::LengthPastCapacity {
-                head: h,
-                len: len as usize,
-                capacity: cap,
-            });
+            return Err(KernelError::LengthPastCapacity { head: h, len: len as usize, capacity: cap });
         }
     }
     let k = gpu::float_in_place("keys", cache.keys)?;
@@ -85,14 +77,7 @@ fn check_cache(cache: &CacheTensors<'_>, lens: &[u32]) -> Result<Checked> {
     let p = gpu::int_in_place("positions", cache.positions)?;
     gpu::same_device(("keys", &k), ("values", &v))?;
     gpu::same_device(("keys", &k), ("positions", &p))?;
-    Ok(Checked {
-        kv_heads,
-        cap,
-        d,
-        k,
-        v,
-        p,
-    })
+    Ok(Checked { kv_heads, cap, d, k, v, p })
 }
 
 /// Moves the kept entries of each head to its first slots, in order, in place.
@@ -115,21 +100,13 @@ pub fn compact_in_place(
     let [kh, width] = kept.dims();
     gpu::expect_shape("kept", &[kh, width], &[c.kv_heads, usize::MAX])?;
     if counts.len() != c.kv_heads {
-        return Err(KernelError::PerHead {
-            what: "counts",
-            expected: c.kv_heads,
-            got: counts.len(),
-        });
+        return Err(KernelError::PerHead { what: "counts", expected: c.kv_heads, got: counts.len() });
     }
     for h in 0..c.kv_heads {
         let count = counts[h] as usize;
         let available = (lens[h] as usize).min(width);
         if count > available {
-            return Err(KernelError::CountPastLength {
-                head: h,
-                count,
-                available,
-            });
+            return Err(KernelError::CountPastLength { head: h, count, available });
         }
     }
     let kept = gpu::int_input("kept", kept)?;
@@ -141,30 +118,17 @@ pub fn compact_in_place(
 
 /// [`compact_in_place`] with the kept slots given on the host, one ascending list per head;
 /// each list is validated (strictly ascending, below the head's length) before upload.
-pub fn compact_in_place_host(
-    cache: CacheTensors<'_>,
-    kept: &[Vec<u32>],
-    lens: &[u32],
-) -> Result<Vec<u32>> {
+pub fn compact_in_place_host(cache: CacheTensors<'_>, kept: &[Vec<u32>], lens: &[u32]) -> Result<Vec<u32>> {
     let c = check_cache(&cache, lens)?;
     if kept.len() != c.kv_heads {
-        return Err(KernelError::PerHead {
-            what: "kept lists",
-            expected: c.kv_heads,
-            got: kept.len(),
-        });
+        return Err(KernelError::PerHead { what: "kept lists", expected: c.kv_heads, got: kept.len() });
     }
     for (h, list) in kept.iter().enumerate() {
         let len = lens[h] as usize;
         for (index, &position) in list.iter().enumerate() {
             let ascending = index == 0 || list[index - 1] < position;
             if !ascending || position as usize >= len {
-                return Err(KernelError::KeptOrder {
-                    head: h,
-                    index,
-                    position,
-                    len,
-                });
+                return Err(KernelError::KeptOrder { head: h, index, position, len });
             }
         }
     }
@@ -179,38 +143,17 @@ pub fn compact_in_place_host(
     Ok(counts)
 }
 
-fn launch_compact(
-    c: &Checked,
-    kept: &burn::backend::wgpu::CubeTensor,
-    width: usize,
-    counts: &[u32],
-) {
+fn launch_compact(c: &Checked, kept: &burn::backend::wgpu::CubeTensor, width: usize, counts: &[u32]) {
     let g = Gpu::new(&c.k);
     // at most one row per invocation, so every row of a chunk has an invocation for its position
-    let rows_per_chunk =
-        ((COMPACT_WG * COMPACT_PER_THREAD) as usize / c.d).min(COMPACT_WG as usize);
-    let mut params = vec![
-        c.kv_heads as u32,
-        c.cap as u32,
-        c.d as u32,
-        width as u32,
-        rows_per_chunk as u32,
-        0,
-        0,
-        0,
-    ];
+    let rows_per_chunk = ((COMPACT_WG * COMPACT_PER_THREAD) as usize / c.d).min(COMPACT_WG as usize);
+    let mut params = vec![c.kv_heads as u32, c.cap as u32, c.d as u32, width as u32, rows_per_chunk as u32, 0, 0, 0];
     params.extend_from_slice(counts);
     g.launch(
         Family::Compact,
         "compact",
         (c.kv_heads as u32, 1, 1),
-        vec![
-            g.words(&params),
-            bind(&c.k),
-            bind(&c.v),
-            bind(&c.p),
-            bind(kept),
-        ],
+        vec![g.words(&params), bind(&c.k), bind(&c.v), bind(&c.p), bind(kept)],
     );
 }
 
@@ -240,11 +183,7 @@ pub fn append_rows(
     for (h, &len) in lens.iter().enumerate() {
         let after = len as usize + t;
         if after > c.cap {
-            return Err(KernelError::LengthPastCapacity {
-                head: h,
-                len: after,
-                capacity: c.cap,
-            });
+            return Err(KernelError::LengthPastCapacity { head: h, len: after, capacity: c.cap });
         }
         new_lens.push(after as u32);
     }
@@ -252,39 +191,18 @@ pub fn append_rows(
     let nk = gpu::float_input("new_keys", new_keys)?;
     let nv = gpu::float_input("new_values", new_values)?;
     let np = gpu::int_input("new_positions", new_positions)?;
-    for (name, x) in [
-        ("new_keys", &nk),
-        ("new_values", &nv),
-        ("new_positions", &np),
-    ] {
+    for (name, x) in [("new_keys", &nk), ("new_values", &nv), ("new_positions", &np)] {
         gpu::same_device(("keys", &c.k), (name, x))?;
     }
     let (nk, nv, np) = (gpu::ready(nk), gpu::ready(nv), gpu::ready(np));
     let g = Gpu::new(&c.k);
-    let mut params = vec![
-        c.kv_heads as u32,
-        c.cap as u32,
-        c.d as u32,
-        t as u32,
-        0,
-        0,
-        0,
-        0,
-    ];
+    let mut params = vec![c.kv_heads as u32, c.cap as u32, c.d as u32, t as u32, 0, 0, 0, 0];
     params.extend_from_slice(lens);
     g.launch(
         Family::Append,
         "append",
         (div_ceil(t * c.d, APPEND_WG), c.kv_heads as u32, 1),
-        vec![
-            g.words(&params),
-            bind(&c.k),
-            bind(&c.v),
-            bind(&c.p),
-            bind(&nk),
-            bind(&nv),
-            bind(&np),
-        ],
+        vec![g.words(&params), bind(&c.k), bind(&c.v), bind(&c.p), bind(&nk), bind(&nv), bind(&np)],
     );
     Ok(new_lens)
 }

@@ -54,10 +54,7 @@ pub fn window_stats(
         column_variance: vec![0.0; heads],
     };
     let row = |t: &[f32], kh: usize, j: usize| -> Vec<f64> {
-        t[(kh * cap + j) * d..(kh * cap + j + 1) * d]
-            .iter()
-            .map(|&x| f64::from(x))
-            .collect()
+        t[(kh * cap + j) * d..(kh * cap + j + 1) * d].iter().map(|&x| f64::from(x)).collect()
     };
     for h in 0..heads {
         let kh = h / g;
@@ -67,10 +64,7 @@ pub fn window_stats(
         let mut a = vec![vec![0.0f64; len]; w];
         let mut dir = vec![vec![0.0f64; d]; w];
         for i in 0..w {
-            let qi: Vec<f64> = q[(h * w + i) * d..(h * w + i + 1) * d]
-                .iter()
-                .map(|&x| f64::from(x))
-                .collect();
+            let qi: Vec<f64> = q[(h * w + i) * d..(h * w + i + 1) * d].iter().map(|&x| f64::from(x)).collect();
             let visible = len - w + i + 1;
             let s: Vec<f64> = (0..visible).map(|j| dot(&qi, &keys[j]) * scale).collect();
             let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -93,16 +87,10 @@ pub fn window_stats(
         for j in 0..len {
             let col: Vec<f64> = (0..w).map(|i| a[i][j]).collect();
             let mean = col.iter().sum::<f64>() / w as f64;
-            let var = if w > 1 {
-                col.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (w - 1) as f64
-            } else {
-                0.0
-            };
+            let var =
+                if w > 1 { col.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (w - 1) as f64 } else { 0.0 };
             let vnorm = dot(&vals[j], &vals[j]).sqrt();
-            let proj = (0..w)
-                .map(|i| a[i][j] * dot(&vals[j], &dir[i]))
-                .sum::<f64>()
-                / w as f64;
+            let proj = (0..w).map(|i| a[i][j] * dot(&vals[j], &dir[i])).sum::<f64>() / w as f64;
             let idx = h * len + j;
             out.mean[idx] = mean;
             out.variance[idx] = var;
@@ -134,10 +122,7 @@ pub fn pool1d(x: &[f32], rows: usize, n: usize, kernel: usize, max: bool) -> Vec
             let lo = i.saturating_sub(half);
             let hi = (i + half + 1).min(n);
             out[r * n + i] = if max {
-                xr[lo..hi]
-                    .iter()
-                    .map(|&v| f64::from(v))
-                    .fold(f64::NEG_INFINITY, f64::max)
+                xr[lo..hi].iter().map(|&v| f64::from(v)).fold(f64::NEG_INFINITY, f64::max)
             } else {
                 xr[lo..hi].iter().map(|&v| f64::from(v)).sum::<f64>() / kernel as f64
             };
@@ -154,11 +139,7 @@ pub fn reduce_groups(x: &[f32], heads: usize, kv_heads: usize, n: usize, max: bo
     for kh in 0..kv_heads {
         for j in 0..n {
             let vals = (0..g).map(|t| f64::from(x[(kh * g + t) * n + j]));
-            out[kh * n + j] = if max {
-                vals.fold(f64::NEG_INFINITY, f64::max)
-            } else {
-                vals.sum::<f64>() / g as f64
-            };
+            out[kh * n + j] = if max { vals.fold(f64::NEG_INFINITY, f64::max) } else { vals.sum::<f64>() / g as f64 };
         }
     }
     out
@@ -178,20 +159,12 @@ pub fn top_k(scores: &[f32], k: usize, sinks: usize, recent: usize) -> Vec<u32> 
         return Vec::new();
     }
     let protected = |j: usize| j < sinks || j + recent >= len;
-    let mut kept: Vec<u32> = (0..len)
-        .filter(|&j| protected(j))
-        .map(|j| j as u32)
-        .collect();
-    let mut rest: Vec<u32> = (0..len)
-        .filter(|&j| !protected(j))
-        .map(|j| j as u32)
-        .collect();
-    rest.sort_by(
-        |&a, &b| match scores[b as usize].total_cmp(&scores[a as usize]) {
-            Ordering::Equal => a.cmp(&b),
-            o => o,
-        },
-    );
+    let mut kept: Vec<u32> = (0..len).filter(|&j| protected(j)).map(|j| j as u32).collect();
+    let mut rest: Vec<u32> = (0..len).filter(|&j| !protected(j)).map(|j| j as u32).collect();
+    rest.sort_by(|&a, &b| match scores[b as usize].total_cmp(&scores[a as usize]) {
+        Ordering::Equal => a.cmp(&b),
+        o => o,
+    });
     let extra = k - kept.len();
     kept.extend_from_slice(&rest[..extra]);
     kept.sort_unstable();
@@ -233,18 +206,11 @@ pub fn decode_attention(
         if len == 0 {
             continue;
         }
-        let qh: Vec<f64> = q[h * d..(h + 1) * d]
-            .iter()
-            .map(|&x| f64::from(x))
-            .collect();
+        let qh: Vec<f64> = q[h * d..(h + 1) * d].iter().map(|&x| f64::from(x)).collect();
         let s: Vec<f64> = (0..len)
             .map(|j| {
                 let kr = &k[(kh * cap + j) * d..(kh * cap + j + 1) * d];
-                qh.iter()
-                    .zip(kr)
-                    .map(|(a, &b)| a * f64::from(b))
-                    .sum::<f64>()
-                    * scale
+                qh.iter().zip(kr).map(|(a, &b)| a * f64::from(b)).sum::<f64>() * scale
             })
             .collect();
         let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -266,14 +232,7 @@ pub fn decode_attention(
 ///
 /// `x`: `[n, d_in]`, `w`: `[d_in, d_out]`, `bias`: `[d_out]`, all row-major; returns
 /// `[n, d_out]`.
-pub fn linear(
-    x: &[f32],
-    w: &[f32],
-    bias: Option<&[f32]>,
-    n: usize,
-    d_in: usize,
-    d_out: usize,
-) -> Vec<f64> {
+pub fn linear(x: &[f32], w: &[f32], bias: Option<&[f32]>, n: usize, d_in: usize, d_out: usize) -> Vec<f64> {
     let mut y = vec![0.0f64; n * d_out];
     for r in 0..n {
         let row = &mut y[r * d_out..(r + 1) * d_out];

@@ -38,19 +38,11 @@ pub fn decode_attention(
     gpu::check_head_dim(d)?;
     gpu::check_grouping(heads, kv_heads)?;
     if lens.len() != kv_heads {
-        return Err(KernelError::PerHead {
-            what: "lengths",
-            expected: kv_heads,
-            got: lens.len(),
-        });
+        return Err(KernelError::PerHead { what: "lengths", expected: kv_heads, got: lens.len() });
     }
     for (h, &len) in lens.iter().enumerate() {
         if len as usize > cap {
-            return Err(KernelError::LengthPastCapacity {
-                head: h,
-                len: len as usize,
-                capacity: cap,
-            });
+            return Err(KernelError::LengthPastCapacity { head: h, len: len as usize, capacity: cap });
         }
     }
     if let Some(s) = scores.as_ref() {
@@ -109,20 +101,10 @@ pub fn decode_attention(
             acc.as_ref().map(bind).unwrap_or_else(|| g.dummy()),
         ]
     };
-    g.launch(
-        Family::Decode,
-        "part",
-        (parts as u32, heads as u32, 1),
-        bindings(),
-    );
+    g.launch(Family::Decode, "part", (parts as u32, heads as u32, 1), bindings());
     g.launch(Family::Decode, "combine", (heads as u32, 1, 1), bindings());
     if acc.is_some() && max_len > 0 {
-        g.launch(
-            Family::Decode,
-            "weights",
-            (div_ceil(max_len, DECODE_WG), kv_heads as u32, 1),
-            bindings(),
-        );
+        g.launch(Family::Decode, "weights", (div_ceil(max_len, DECODE_WG), kv_heads as u32, 1), bindings());
     }
     Ok(gpu::float_tensor(out))
 }

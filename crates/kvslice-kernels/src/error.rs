@@ -106,9 +106,7 @@ pub enum KernelError {
         capacity: usize,
     },
     /// A non-zero budget smaller than the protected positions it must hold.
-    #[error(
-        "head {head}: k = {k} is below the {protected} protected positions (use 0 or at least {protected})"
-    )]
+    #[error("head {head}: k = {k} is below the {protected} protected positions (use 0 or at least {protected})")]
     BudgetBelowProtected {
         /// KV head.
         head: usize,
@@ -128,9 +126,7 @@ pub enum KernelError {
         available: usize,
     },
     /// Host-given kept positions that are not strictly ascending or not below the length.
-    #[error(
-        "head {head}: kept[{index}] = {position} breaks the strictly ascending order below length {len}"
-    )]
+    #[error("head {head}: kept[{index}] = {position} breaks the strictly ascending order below length {len}")]
     KeptOrder {
         /// KV head.
         head: usize,

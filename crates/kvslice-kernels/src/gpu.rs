@@ -38,29 +38,13 @@ pub fn int_buffer_id<const D: usize>(tensor: &Tensor<D, Int>) -> Option<BufferId
 
 fn handle_id(handle: &Handle) -> BufferId {
     let (id, start, end) = handle.clone().binding().claim_key();
-    BufferId {
-        allocation: id.value,
-        start,
-        end,
-    }
+    BufferId { allocation: id.value, start, end }
 }
 
 /// Checks rank-`D` dims against `expected` (`usize::MAX` = any).
 pub(crate) fn expect_shape(tensor: &'static str, got: &[usize], expected: &[usize]) -> Result<()> {
-    let ok = got.len() == expected.len()
-        && got
-            .iter()
-            .zip(expected)
-            .all(|(g, e)| *e == usize::MAX || g == e);
-    if ok {
-        Ok(())
-    } else {
-        Err(KernelError::Shape {
-            tensor,
-            expected: expected.to_vec(),
-            got: got.to_vec(),
-        })
-    }
+    let ok = got.len() == expected.len() && got.iter().zip(expected).all(|(g, e)| *e == usize::MAX || g == e);
+    if ok { Ok(()) } else { Err(KernelError::Shape { tensor, expected: expected.to_vec(), got: got.to_vec() }) }
 }
 
 pub(crate) fn check_u32(what: &'static str, value: usize) -> Result<u32> {
@@ -86,10 +70,7 @@ pub(crate) fn check_groups(what: &'static str, count: usize) -> Result<()> {
 
 pub(crate) fn check_head_dim(head_dim: usize) -> Result<()> {
     if head_dim == 0 || head_dim > crate::shader::MAX_HEAD_DIM {
-        return Err(KernelError::HeadDim {
-            head_dim,
-            max: crate::shader::MAX_HEAD_DIM,
-        });
+        return Err(KernelError::HeadDim { head_dim, max: crate::shader::MAX_HEAD_DIM });
     }
     Ok(())
 }
@@ -103,10 +84,7 @@ pub(crate) fn check_grouping(heads: usize, kv_heads: usize) -> Result<()> {
 
 /// A wgpu float tensor's primitive, validated (f32, wgpu device); pass it through [`ready`]
 /// once every argument is validated.
-pub(crate) fn float_input<const D: usize>(
-    tensor: &'static str,
-    t: &Tensor<D>,
-) -> Result<CubeTensor> {
+pub(crate) fn float_input<const D: usize>(tensor: &'static str, t: &Tensor<D>) -> Result<CubeTensor> {
     float_prim(tensor, t)
 }
 
@@ -120,10 +98,7 @@ fn float_prim<const D: usize>(tensor: &'static str, t: &Tensor<D>) -> Result<Cub
     let prim = t
         .clone()
         .try_into_primitive::<CubeBackend>()
-        .map_err(|e| KernelError::Device {
-            tensor,
-            reason: format!("{e:?}"),
-        })?;
+        .map_err(|e| KernelError::Device { tensor, reason: format!("{e:?}") })?;
     check_prim(tensor, &prim, &[DType::F32], "f32")?;
     Ok(prim)
 }
@@ -132,41 +107,23 @@ fn int_prim<const D: usize>(tensor: &'static str, t: &Tensor<D, Int>) -> Result<
     let prim = t
         .clone()
         .try_into_primitive::<CubeBackend>()
-        .map_err(|e| KernelError::Device {
-            tensor,
-            reason: format!("{e:?}"),
-        })?;
+        .map_err(|e| KernelError::Device { tensor, reason: format!("{e:?}") })?;
     check_prim(tensor, &prim, &[DType::I32, DType::U32], "i32 or u32")?;
     Ok(prim)
 }
 
-fn check_prim(
-    tensor: &'static str,
-    prim: &CubeTensor,
-    dtypes: &[DType],
-    expected: &'static str,
-) -> Result<()> {
+fn check_prim(tensor: &'static str, prim: &CubeTensor, dtypes: &[DType], expected: &'static str) -> Result<()> {
     if prim.device.runtime() != RuntimeId::Wgpu {
-        return Err(KernelError::Device {
-            tensor,
-            reason: format!("runtime {:?}", prim.device.runtime()),
-        });
+        return Err(KernelError::Device { tensor, reason: format!("runtime {:?}", prim.device.runtime()) });
     }
     if !dtypes.contains(&prim.dtype) {
-        return Err(KernelError::DType {
-            tensor,
-            expected,
-            got: format!("{:?}", prim.dtype),
-        });
+        return Err(KernelError::DType { tensor, expected, got: format!("{:?}", prim.dtype) });
     }
     Ok(())
 }
 
 /// A float tensor updated in place: must be contiguous (its buffer is written directly).
-pub(crate) fn float_in_place<const D: usize>(
-    tensor: &'static str,
-    t: &Tensor<D>,
-) -> Result<CubeTensor> {
+pub(crate) fn float_in_place<const D: usize>(tensor: &'static str, t: &Tensor<D>) -> Result<CubeTensor> {
     let prim = float_prim(tensor, t)?;
     if !prim.is_contiguous() {
         return Err(KernelError::NotContiguous { tensor });
@@ -175,10 +132,7 @@ pub(crate) fn float_in_place<const D: usize>(
 }
 
 /// An i32/u32 tensor updated in place.
-pub(crate) fn int_in_place<const D: usize>(
-    tensor: &'static str,
-    t: &Tensor<D, Int>,
-) -> Result<CubeTensor> {
+pub(crate) fn int_in_place<const D: usize>(tensor: &'static str, t: &Tensor<D, Int>) -> Result<CubeTensor> {
     let prim = int_prim(tensor, t)?;
     if !prim.is_contiguous() {
         return Err(KernelError::NotContiguous { tensor });
@@ -187,22 +141,13 @@ pub(crate) fn int_in_place<const D: usize>(
 }
 
 /// An i32/u32 tensor read by a kernel (see [`ready`]).
-pub(crate) fn int_input<const D: usize>(
-    tensor: &'static str,
-    t: &Tensor<D, Int>,
-) -> Result<CubeTensor> {
+pub(crate) fn int_input<const D: usize>(tensor: &'static str, t: &Tensor<D, Int>) -> Result<CubeTensor> {
     int_prim(tensor, t)
 }
 
-pub(crate) fn same_device(
-    a: (&'static str, &CubeTensor),
-    b: (&'static str, &CubeTensor),
-) -> Result<()> {
+pub(crate) fn same_device(a: (&'static str, &CubeTensor), b: (&'static str, &CubeTensor)) -> Result<()> {
     if a.1.device != b.1.device {
-        return Err(KernelError::DeviceMismatch {
-            tensor: b.0,
-            other: a.0,
-        });
+        return Err(KernelError::DeviceMismatch { tensor: b.0, other: a.0 });
     }
     Ok(())
 }
@@ -232,10 +177,7 @@ impl Gpu {
 
     /// A small buffer of 32-bit words (parameters).
     pub fn words(&self, words: &[u32]) -> BufferBinding {
-        self.like
-            .client
-            .create_from_slice(bytemuck::cast_slice(words))
-            .binding()
+        self.like.client.create_from_slice(bytemuck::cast_slice(words)).binding()
     }
 
     /// A placeholder for an optional binding the kernel does not touch.
@@ -244,13 +186,7 @@ impl Gpu {
     }
 
     /// Launches `family`/`entry` over `count` workgroups with `buffers` bound in order.
-    pub fn launch(
-        &self,
-        family: Family,
-        entry: &'static str,
-        count: (u32, u32, u32),
-        buffers: Vec<BufferBinding>,
-    ) {
+    pub fn launch(&self, family: Family, entry: &'static str, count: (u32, u32, u32), buffers: Vec<BufferBinding>) {
         if count.0 == 0 || count.1 == 0 || count.2 == 0 {
             return;
         }
@@ -286,9 +222,7 @@ impl Gpu {
         let handle = if data.is_empty() {
             self.like.client.empty(4)
         } else {
-            self.like
-                .client
-                .create_from_slice(bytemuck::cast_slice(data))
+            self.like.client.create_from_slice(bytemuck::cast_slice(data))
         };
         CubeTensor::new_contiguous(
             self.like.client.clone(),

@@ -44,19 +44,11 @@ pub fn linear(x: Tensor<2>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Resul
     gpu::check_elements("weight", &[d_in, d_out])?;
     gpu::check_elements("output", &[n, d_out])?;
 
-    let (family, lanes) = if d_out % 4 == 0 {
-        (Family::Linear4, 4)
-    } else {
-        (Family::Linear, 1)
-    };
+    let (family, lanes) = if d_out % 4 == 0 { (Family::Linear4, 4) } else { (Family::Linear, 1) };
     let cols = d_out / lanes;
     let col_groups = div_ceil(cols, LINEAR_WG);
     gpu::check_groups("output column workgroups", col_groups as usize)?;
-    let (entry, rows_per) = if n >= FOUR_ROWS_FROM {
-        ("four", 4)
-    } else {
-        ("one", 1)
-    };
+    let (entry, rows_per) = if n >= FOUR_ROWS_FROM { ("four", 4) } else { ("one", 1) };
     let blocks = n.div_ceil(rows_per);
     let groups_y = blocks.min(65_535);
     let groups_z = blocks.div_ceil(groups_y);
@@ -77,24 +69,12 @@ pub fn linear(x: Tensor<2>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Resul
     let (xp, wp, bp) = (gpu::ready(xp), gpu::ready(wp), bp.map(gpu::ready));
     let g = Gpu::new(&xp);
     let out = g.empty(&[n, d_out], DType::F32);
-    let params = g.words(&[
-        n as u32,
-        d_in as u32,
-        cols as u32,
-        u32::from(bp.is_some()),
-        groups_y as u32,
-    ]);
+    let params = g.words(&[n as u32, d_in as u32, cols as u32, u32::from(bp.is_some()), groups_y as u32]);
     g.launch(
         family,
         entry,
         (col_groups, groups_y as u32, groups_z as u32),
-        vec![
-            params,
-            bind(&xp),
-            bind(&wp),
-            bp.as_ref().map(bind).unwrap_or_else(|| g.dummy()),
-            bind(&out),
-        ],
+        vec![params, bind(&xp), bind(&wp), bp.as_ref().map(bind).unwrap_or_else(|| g.dummy()), bind(&out)],
     );
     Ok(gpu::float_tensor(out))
 }

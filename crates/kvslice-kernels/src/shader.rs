@@ -167,11 +167,7 @@ pub fn template(family: Family, entry: &str) -> SourceTemplate {
         t = t.register(name, ty);
     }
     for &e in family.entries() {
-        let name = if e == entry {
-            "main".to_string()
-        } else {
-            format!("{}_{e}", family.prefix())
-        };
+        let name = if e == entry { "main".to_string() } else { format!("{}_{e}", family.prefix()) };
         t = t.register(format!("entry_{e}"), name);
     }
     t
@@ -235,11 +231,7 @@ pub fn check_all() -> Result<Vec<Portability>> {
         for &entry in family.entries() {
             let name = format!("{}/{entry}", family.file_name());
             let translations = check_source(&name, &render(family, entry))?;
-            out.push(Portability {
-                family,
-                entry,
-                translations,
-            });
+            out.push(Portability { family, entry, translations });
         }
     }
     Ok(out)
@@ -251,54 +243,35 @@ pub fn check_source(kernel: &str, source: &str) -> Result<Translations> {
     use naga::back::{glsl, hlsl, msl, spv};
     use naga::valid::{Capabilities, ValidationFlags, Validator};
 
-    let fail = |stage: &'static str, message: String| KernelError::Shader {
-        kernel: kernel.to_string(),
-        stage,
-        message,
-    };
+    let fail =
+        |stage: &'static str, message: String| KernelError::Shader { kernel: kernel.to_string(), stage, message };
     if source.contains("{{") {
         return Err(fail("template", "unfilled placeholder".into()));
     }
-    let module = naga::front::wgsl::parse_str(source)
-        .map_err(|e| fail("parse", e.emit_to_string(source)))?;
+    let module = naga::front::wgsl::parse_str(source).map_err(|e| fail("parse", e.emit_to_string(source)))?;
     let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
         .validate(&module)
         .map_err(|e| fail("validate", e.emit_to_string(source)))?;
 
-    let spirv = spv::write_vec(&module, &info, &spv::Options::default(), None)
-        .map_err(|e| fail("spirv", e.to_string()))?;
+    let spirv =
+        spv::write_vec(&module, &info, &spv::Options::default(), None).map_err(|e| fail("spirv", e.to_string()))?;
 
-    let (msl_src, _) = msl::write_string(
-        &module,
-        &info,
-        &msl::Options::default(),
-        &msl::PipelineOptions::default(),
-    )
-    .map_err(|e| fail("msl", e.to_string()))?;
+    let (msl_src, _) = msl::write_string(&module, &info, &msl::Options::default(), &msl::PipelineOptions::default())
+        .map_err(|e| fail("msl", e.to_string()))?;
 
     let mut hlsl_src = String::new();
     let hlsl_options = hlsl::Options::default();
-    hlsl::Writer::new(
-        &mut hlsl_src,
-        &hlsl_options,
-        &hlsl::PipelineOptions::default(),
-    )
-    .write(&module, &info, None)
-    .map_err(|e| fail("hlsl", e.to_string()))?;
+    hlsl::Writer::new(&mut hlsl_src, &hlsl_options, &hlsl::PipelineOptions::default())
+        .write(&module, &info, None)
+        .map_err(|e| fail("hlsl", e.to_string()))?;
 
     let mut glsl_src = String::new();
     let glsl_options = glsl::Options {
-        version: glsl::Version::Embedded {
-            version: 310,
-            is_webgl: false,
-        },
+        version: glsl::Version::Embedded { version: 310, is_webgl: false },
         ..glsl::Options::default()
     };
-    let pipeline = glsl::PipelineOptions {
-        shader_stage: naga::ShaderStage::Compute,
-        entry_point: "main".into(),
-        multiview: None,
-    };
+    let pipeline =
+        glsl::PipelineOptions { shader_stage: naga::ShaderStage::Compute, entry_point: "main".into(), multiview: None };
     glsl::Writer::new(
         &mut glsl_src,
         &module,

@@ -76,11 +76,7 @@ pub fn window_stats(
     gpu::check_head_dim(d)?;
     gpu::check_grouping(heads, kv_heads)?;
     if n > cap {
-        return Err(KernelError::LengthPastCapacity {
-            head: 0,
-            len: n,
-            capacity: cap,
-        });
+        return Err(KernelError::LengthPastCapacity { head: 0, len: n, capacity: cap });
     }
     if w == 0 || w > n {
         return Err(KernelError::Window { window: w, len: n });
@@ -101,9 +97,7 @@ pub fn window_stats(
 
     let g = Gpu::new(&q);
     let rows = g.empty(&[heads, w, 2], DType::F32);
-    let ohat = request
-        .projection
-        .then(|| g.empty(&[heads, w, d], DType::F32));
+    let ohat = request.projection.then(|| g.empty(&[heads, w, d], DType::F32));
     let cols = g.empty(&[6, heads, n], DType::F32);
     let head = g.empty(&[heads, 2], DType::F32);
     let scale = 1.0f32 / (d as f32).sqrt();
@@ -129,31 +123,12 @@ pub fn window_stats(
             bind(&head),
         ]
     };
-    g.launch(
-        Family::WindowStats,
-        "rows",
-        (w as u32, heads as u32, 1),
-        bindings(),
-    );
-    g.launch(
-        Family::WindowStats,
-        "cols",
-        (div_ceil(n, STATS_WG_COLS), heads as u32, 1),
-        bindings(),
-    );
-    g.launch(
-        Family::WindowStats,
-        "heads",
-        (heads as u32, 1, 1),
-        bindings(),
-    );
+    g.launch(Family::WindowStats, "rows", (w as u32, heads as u32, 1), bindings());
+    g.launch(Family::WindowStats, "cols", (div_ceil(n, STATS_WG_COLS), heads as u32, 1), bindings());
+    g.launch(Family::WindowStats, "heads", (heads as u32, 1, 1), bindings());
 
     let cols: Tensor<3> = gpu::float_tensor(cols);
-    let plane = |p: usize| {
-        cols.clone()
-            .slice([p..p + 1, 0..heads, 0..n])
-            .reshape([heads, n])
-    };
+    let plane = |p: usize| cols.clone().slice([p..p + 1, 0..heads, 0..n]).reshape([heads, n]);
     let head: Tensor<2> = gpu::float_tensor(head);
     let head_col = |c: usize| head.clone().slice([0..heads, c..c + 1]).reshape([heads]);
     Ok(WindowStats {

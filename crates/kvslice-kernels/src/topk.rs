@@ -68,18 +68,10 @@ pub fn top_k(scores: &Tensor<2>, lens: &[u32], k: &[u32], protect: Protect) -> R
         return Err(KernelError::Empty { what: "kv_heads" });
     }
     if lens.len() != kv_heads {
-        return Err(KernelError::PerHead {
-            what: "lengths",
-            expected: kv_heads,
-            got: lens.len(),
-        });
+        return Err(KernelError::PerHead { what: "lengths", expected: kv_heads, got: lens.len() });
     }
     if k.len() != kv_heads {
-        return Err(KernelError::PerHead {
-            what: "k",
-            expected: kv_heads,
-            got: k.len(),
-        });
+        return Err(KernelError::PerHead { what: "k", expected: kv_heads, got: k.len() });
     }
     gpu::check_elements("scores", &[kv_heads, cap])?;
     gpu::check_groups("kv_heads", kv_heads)?;
@@ -87,18 +79,10 @@ pub fn top_k(scores: &Tensor<2>, lens: &[u32], k: &[u32], protect: Protect) -> R
     for h in 0..kv_heads {
         let (len, kh) = (lens[h] as usize, k[h] as usize);
         if len > cap {
-            return Err(KernelError::LengthPastCapacity {
-                head: h,
-                len,
-                capacity: cap,
-            });
+            return Err(KernelError::LengthPastCapacity { head: h, len, capacity: cap });
         }
         if kh > cap {
-            return Err(KernelError::KPastCapacity {
-                head: h,
-                k: kh,
-                capacity: cap,
-            });
+            return Err(KernelError::KPastCapacity { head: h, k: kh, capacity: cap });
         }
         counts.push(kept_count(h, len, kh, protect)? as u32);
     }
@@ -112,28 +96,11 @@ pub fn top_k(scores: &Tensor<2>, lens: &[u32], k: &[u32], protect: Protect) -> R
     let src = gpu::ready(gpu::float_input("scores", scores)?);
     let g = Gpu::new(&src);
     let out = g.empty(&[kv_heads, width], DType::U32);
-    let mut params = vec![
-        kv_heads as u32,
-        cap as u32,
-        width as u32,
-        sinks,
-        recent,
-        0,
-        0,
-        0,
-    ];
+    let mut params = vec![kv_heads as u32, cap as u32, width as u32, sinks, recent, 0, 0, 0];
     for h in 0..kv_heads {
         params.push(lens[h]);
         params.push(k[h]);
     }
-    g.launch(
-        Family::TopK,
-        "topk",
-        (kv_heads as u32, 1, 1),
-        vec![g.words(&params), bind(&src), bind(&out)],
-    );
-    Ok(Kept {
-        positions: gpu::int_tensor(out),
-        counts,
-    })
+    g.launch(Family::TopK, "topk", (kv_heads as u32, 1, 1), vec![g.words(&params), bind(&src), bind(&out)]);
+    Ok(Kept { positions: gpu::int_tensor(out), counts })
 }

@@ -18,12 +18,7 @@ pub enum RopeScaling {
     /// Positions divided by `factor` (HF `rope_type: linear`).
     Linear { factor: f64 },
     /// Llama 3.1's wavelength-dependent scaling (HF `rope_type: llama3`).
-    Llama3 {
-        factor: f64,
-        low_freq_factor: f64,
-        high_freq_factor: f64,
-        original_max_position_embeddings: usize,
-    },
+    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: usize },
 }
 
 /// Configuration of a Llama-family decoder.

@@ -50,7 +50,10 @@ impl Loader<'_> {
     /// `[out, in]` on file → `[in, out]` on the device.
     fn matrix_t(&mut self, name: &str, out: usize, inp: usize) -> Result<Param<Tensor<2>>> {
         let t = self.get(name, &[out, inp])?;
-        Ok(Param::from_tensor(Tensor::from_data(TensorData::new(transpose(&t.data, out, inp), [inp, out]), self.device)))
+        Ok(Param::from_tensor(Tensor::from_data(
+            TensorData::new(transpose(&t.data, out, inp), [inp, out]),
+            self.device,
+        )))
     }
 
     fn linear(&mut self, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
@@ -106,7 +109,10 @@ pub fn load_llama(source: &dyn WeightSource, device: &Device) -> Result<Llama> {
             down_proj: l.linear(&format!("{p}.mlp.down_proj"), h, c.intermediate_size, c.mlp_bias)?,
         };
         layers.push(DecoderLayer {
-            input_layernorm: RmsNorm { weight: l.vector(&format!("{p}.input_layernorm.weight"), h)?, eps: c.rms_norm_eps },
+            input_layernorm: RmsNorm {
+                weight: l.vector(&format!("{p}.input_layernorm.weight"), h)?,
+                eps: c.rms_norm_eps,
+            },
             self_attn,
             post_attention_layernorm: RmsNorm {
                 weight: l.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,

@@ -189,7 +189,10 @@ impl Llama {
             return Err(ModelError::Input(format!("{n} tokens with {} positions", positions.len())));
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
-            return Err(ModelError::Input(format!("token id {bad} outside the vocabulary ({})", self.config.vocab_size)));
+            return Err(ModelError::Input(format!(
+                "token id {bad} outside the vocabulary ({})",
+                self.config.vocab_size
+            )));
         }
         let ids = Tensor::<1, Int>::from_data(
             TensorData::new(tokens.iter().map(|&t| t as i32).collect::<Vec<_>>(), [n]),
@@ -325,8 +328,8 @@ fn attention_mask(layer: &kvslice_cache::LayerKv, positions: &[u32], device: &De
                 cutoffs.push(slots.partition_point(|&sp| sp <= qp) as i32);
             }
         }
-        let cut = Tensor::<1, Int>::from_data(TensorData::new(cutoffs, [mask_heads * n]), device)
-            .reshape([mask_heads, n, 1]);
+        let cut =
+            Tensor::<1, Int>::from_data(TensorData::new(cutoffs, [mask_heads * n]), device).reshape([mask_heads, n, 1]);
         let cols = Tensor::<1, Int>::arange(0..len as i64, device).reshape([1, 1, len]);
         let hidden = cols.expand([mask_heads, n, len]).greater_equal(cut.expand([mask_heads, n, len]));
         let mask = Tensor::<3>::zeros([mask_heads, n, len], device).mask_fill(hidden, f32::NEG_INFINITY);

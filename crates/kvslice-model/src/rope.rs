@@ -101,7 +101,12 @@ mod tests {
     fn llama3_scaling_keeps_high_and_divides_low_frequencies() {
         // original context 64, low factor 1, high factor 4: wavelengths above 64 are divided
         // by the factor, those below 16 kept, in between interpolated.
-        let s = RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 64 };
+        let s = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 64,
+        };
         let plain = inv_freq(&config(RopeScaling::None));
         let scaled = inv_freq(&config(s));
         for (p, q) in plain.iter().zip(&scaled) {

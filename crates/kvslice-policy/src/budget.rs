@@ -52,9 +52,7 @@ fn parse_count(spec: &str, digits: &str, what: &str) -> Result<usize> {
     if !digits.bytes().all(|b| b.is_ascii_digit()) {
         return Err(spec_err(spec, format!("{digits:?} is not a whole number of {what}")));
     }
-    let n: usize = digits
-        .parse()
-        .map_err(|_| spec_err(spec, format!("{digits} {what} is too large")))?;
+    let n: usize = digits.parse().map_err(|_| spec_err(spec, format!("{digits} {what} is too large")))?;
     if n == 0 {
         return Err(spec_err(spec, format!("zero {what} keeps nothing")));
     }
@@ -73,11 +71,8 @@ fn parse_percent(spec: &str, body: &str) -> Result<u32> {
     if frac.len() > 4 {
         return Err(spec_err(spec, "at most four decimals in a percentage"));
     }
-    let int_v: u64 = if int.is_empty() {
-        0
-    } else {
-        int.parse().map_err(|_| spec_err(spec, "percentage too large"))?
-    };
+    let int_v: u64 =
+        if int.is_empty() { 0 } else { int.parse().map_err(|_| spec_err(spec, "percentage too large"))? };
     if int_v > 100 {
         return Err(spec_err(spec, "more than 100% of the prompt"));
     }

@@ -26,10 +26,10 @@ pub use budget::{BudgetSpec, ResolvedBudget, SinkCount, WindowSize};
 pub use error::{PolicyError, Result};
 pub use ladder::{Ladder, LadderPlan};
 pub use pool::Pooling;
-pub use registry::{build, listing, lookup, registry, Entry, LayerInput, ModelInfo, Plan, Policy};
+pub use registry::{Entry, LayerInput, ModelInfo, Plan, Policy, build, listing, lookup, registry};
 pub use scorer::{
-    AnDPro, CakeIndicator, CounterCausal, CounterCausalPass, CriticalKv, ExpectedAttention, H2o, Knorm, Rope, Scorer, SnapKv,
-    StreamingLlm, Tova,
+    AnDPro, CakeIndicator, CounterCausal, CounterCausalPass, CriticalKv, ExpectedAttention, H2o, Knorm, Rope, Scorer,
+    SnapKv, StreamingLlm, Tova,
 };
-pub use select::{select_heads, select_top_k, Protect};
-pub use stats::{reduce_groups, GroupReduce, KvView, Needs, QueryMoments, ScoreInput, Scores, WindowStats};
+pub use select::{Protect, select_heads, select_top_k};
+pub use stats::{GroupReduce, KvView, Needs, QueryMoments, ScoreInput, Scores, WindowStats, reduce_groups};

@@ -132,7 +132,8 @@ pub fn window_stats(dims: Dims, q: &[f32], k: &[f32], v: &[f32], window: usize) 
         accumulated: Some(vec![0.0; heads * n]),
         counter_causal: Some(counter_causal_sums(dims, q, k)?),
     };
-    let vnorm: Vec<f64> = (0..kv_heads * n).map(|r| dot(&v[r * d..(r + 1) * d], &v[r * d..(r + 1) * d]).sqrt()).collect();
+    let vnorm: Vec<f64> =
+        (0..kv_heads * n).map(|r| dot(&v[r * d..(r + 1) * d], &v[r * d..(r + 1) * d]).sqrt()).collect();
     for h in 0..heads {
         let kh = h / g;
         let a = |i: usize, j: usize| att[(h * n + i) * n + j];
@@ -186,7 +187,11 @@ pub fn value_proj_l1(dims: Dims, v: &[f32], w_o: &[f32], hidden: usize) -> Resul
         return Err(PolicyError::Grouping { heads, kv_heads });
     }
     if w_o.len() != hidden * heads * d {
-        return Err(PolicyError::ShapeMismatch { what: "output projection", expected: hidden * heads * d, got: w_o.len() });
+        return Err(PolicyError::ShapeMismatch {
+            what: "output projection",
+            expected: hidden * heads * d,
+            got: w_o.len(),
+        });
     }
     if v.len() != kv_heads * n * d {
         return Err(PolicyError::ShapeMismatch { what: "values", expected: kv_heads * n * d, got: v.len() });

@@ -5,7 +5,8 @@ use crate::budget::{BudgetSpec, ResolvedBudget};
 use crate::error::{PolicyError, Result};
 use crate::ladder::Ladder;
 use crate::scorer::{
-    AnDPro, CakeIndicator, CounterCausal, CriticalKv, ExpectedAttention, H2o, Knorm, Rope, Scorer, SnapKv, StreamingLlm, Tova,
+    AnDPro, CakeIndicator, CounterCausal, CriticalKv, ExpectedAttention, H2o, Knorm, Rope, Scorer, SnapKv,
+    StreamingLlm, Tova,
 };
 use crate::select::Protect;
 use crate::stats::{KvView, Needs, QueryMoments, ScoreInput, Scores, WindowStats};
@@ -207,7 +208,12 @@ static REGISTRY: &[Entry] = &[
         name: "critical-snapkv",
         paper: "Feng et al. 2025, Identify Critical KV Cache in LLM Inference from an Output Perturbation Perspective (arXiv:2502.03805)",
         summary: "SnapKV, half the budget by score, the rest by score × ‖v·W_o‖₁",
-        build: |_| Ok(Policy::Scored { scorer: Box::new(CriticalKv::new(Box::new(SnapKv::default()))), allocator: Box::new(Uniform) }),
+        build: |_| {
+            Ok(Policy::Scored {
+                scorer: Box::new(CriticalKv::new(Box::new(SnapKv::default()))),
+                allocator: Box::new(Uniform),
+            })
+        },
     },
     Entry {
         name: "counter-causal",

@@ -70,7 +70,11 @@ pub fn select_top_k(scores: &[f32], k: usize, protect: Protect) -> Result<Vec<u3
 /// Keeps `budgets[h]` positions of every KV head `h` of `scores`.
 pub fn select_heads(scores: &Scores, budgets: &[usize], protect: Protect) -> Result<Vec<Vec<u32>>> {
     if budgets.len() != scores.kv_heads {
-        return Err(PolicyError::ShapeMismatch { what: "per-head budgets", expected: scores.kv_heads, got: budgets.len() });
+        return Err(PolicyError::ShapeMismatch {
+            what: "per-head budgets",
+            expected: scores.kv_heads,
+            got: budgets.len(),
+        });
     }
     (0..scores.kv_heads).map(|h| select_top_k(scores.row(h), budgets[h], protect)).collect()
 }

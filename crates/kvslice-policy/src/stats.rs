@@ -286,7 +286,11 @@ impl<'a> ScoreInput<'a> {
     fn check_kv(&self, kv: &KvView<'_>) -> Result<()> {
         kv.validate()?;
         if kv.kv_heads != self.stats.kv_heads {
-            return Err(PolicyError::ShapeMismatch { what: "KV heads", expected: self.stats.kv_heads, got: kv.kv_heads });
+            return Err(PolicyError::ShapeMismatch {
+                what: "KV heads",
+                expected: self.stats.kv_heads,
+                got: kv.kv_heads,
+            });
         }
         if kv.len != self.stats.len {
             return Err(PolicyError::ShapeMismatch { what: "KV length", expected: self.stats.len, got: kv.len });

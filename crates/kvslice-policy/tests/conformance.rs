@@ -4,9 +4,12 @@
 
 mod common;
 
-use common::{jaccard_distance, Peers};
+use common::{Peers, jaccard_distance};
 use kvslice_policy::alloc::{AdaKv, AdaMode, Uniform};
-use kvslice_policy::{registry, BudgetSpec, KvView, LayerInput, ModelInfo, Pooling, Policy, Protect, ScoreInput, Scorer, SnapKv, GroupReduce, select_heads};
+use kvslice_policy::{
+    BudgetSpec, GroupReduce, KvView, LayerInput, ModelInfo, Policy, Pooling, Protect, ScoreInput, Scorer, SnapKv,
+    registry, select_heads,
+};
 
 #[test]
 fn every_registered_policy_plans_valid_kept_sets() {
@@ -67,7 +70,13 @@ fn every_registered_policy_plans_valid_kept_sets() {
             assert_eq!(policy.plan(&layers, &spec).unwrap(), plan, "{}: deterministic", entry.name);
         }
         // missing inputs are typed errors, not panics
-        if needs.keys || needs.query_moments || needs.value_proj_l1 || needs.accumulated || needs.projection || needs.counter_causal {
+        if needs.keys
+            || needs.query_moments
+            || needs.value_proj_l1
+            || needs.accumulated
+            || needs.projection
+            || needs.counter_causal
+        {
             let mut bare = stats[0].clone();
             bare.accumulated = None;
             bare.projection = None;

@@ -1,7 +1,9 @@
 //! Hand-computed small cases for pooling, selection, every scorer, every allocator, the ladder
 //! and the reference statistics. The expected numbers are worked out in the comments.
 
-use kvslice_policy::alloc::{adjust_budgets, AdaKv, AdaMode, Allocator, Cake, CakeCascade, LayerScores, PyramidKv, Uniform};
+use kvslice_policy::alloc::{
+    AdaKv, AdaMode, Allocator, Cake, CakeCascade, LayerScores, PyramidKv, Uniform, adjust_budgets,
+};
 use kvslice_policy::reference::{self, Dims};
 use kvslice_policy::scorer::Scorer;
 use kvslice_policy::*;
@@ -76,7 +78,11 @@ fn snapkv_pools_the_prefix_per_head_then_averages_the_group() {
     close(snap.score(&ScoreInput::new(&s, 4)).unwrap().row(0), &[0.4375, 0.4375, 0.5, 0.4375, 0.0, 0.0], 1e-7);
     // and GQA by max instead of mean, avg-pool 3: max(h0, h1) = [.625, .875, 1.125, .75]/3
     let snap = SnapKv::new(2, Pooling::Avg(3), GroupReduce::Max).unwrap();
-    close(snap.score(&ScoreInput::new(&s, 4)).unwrap().row(0), &[0.625 / 3.0, 0.875 / 3.0, 0.375, 0.25, 0.0, 0.0], 1e-6);
+    close(
+        snap.score(&ScoreInput::new(&s, 4)).unwrap().row(0),
+        &[0.625 / 3.0, 0.875 / 3.0, 0.375, 0.25, 0.0, 0.0],
+        1e-6,
+    );
     // statistics over another window are refused
     assert!(matches!(SnapKv::default().score(&ScoreInput::new(&s, 4)), Err(PolicyError::Window { .. })));
 }

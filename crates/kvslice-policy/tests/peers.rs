@@ -4,11 +4,11 @@
 
 mod common;
 
-use common::{jaccard_distance, Peers};
+use common::{Peers, jaccard_distance};
 use kvslice_policy::alloc::{AdaKv, AdaMode, Allocator, Cake, CakeCascade, LayerScores, PyramidKv, Uniform};
 use kvslice_policy::{
-    select_heads, select_top_k, BudgetSpec, CakeIndicator, CriticalKv, ExpectedAttention, GroupReduce, H2o, Knorm, KvView,
-    Pooling, Protect, ScoreInput, Scorer, Scores, SnapKv, StreamingLlm, Tova,
+    BudgetSpec, CakeIndicator, CriticalKv, ExpectedAttention, GroupReduce, H2o, Knorm, KvView, Pooling, Protect,
+    ScoreInput, Scorer, Scores, SnapKv, StreamingLlm, Tova, select_heads, select_top_k,
 };
 use serde_json::Value;
 
@@ -61,7 +61,13 @@ fn score_layers(p: &mut Peers, scorer: &dyn Scorer, window: usize, budget: usize
             keys: Some(&p.keys[l]),
             values: Some(&p.values[l]),
         };
-        let input = ScoreInput { stats: &stats, kv: Some(kv), query_moments: Some(&moments), value_proj_l1: Some(&proj), budget };
+        let input = ScoreInput {
+            stats: &stats,
+            kv: Some(kv),
+            query_moments: Some(&moments),
+            value_proj_l1: Some(&proj),
+            budget,
+        };
         scores.push(scorer.score(&input).unwrap());
         layers.push(Layer { stats });
     }
@@ -76,7 +82,13 @@ fn ours(p: &mut Peers, case: &Value, tie_scores: &mut Option<Vec<Scores>>) -> Ke
     let method = case["method"].as_str().unwrap();
     let n = p.len;
     match method {
-        "snapkv" | "tova" | "knorm" | "h2o-kvpress" | "streaming-llm" | "expected-attention" | "expected-attention-nocov"
+        "snapkv"
+        | "tova"
+        | "knorm"
+        | "h2o-kvpress"
+        | "streaming-llm"
+        | "expected-attention"
+        | "expected-attention-nocov"
         | "critical-snapkv" => {
             let b = n_kept(n, f(case, "compression_ratio"));
             let (scorer, window): (Box<dyn Scorer>, usize) = match method {
@@ -158,7 +170,8 @@ fn ours(p: &mut Peers, case: &Value, tie_scores: &mut Option<Vec<Scores>>) -> Ke
                 .enumerate()
                 .map(|(l, s)| {
                     let hb = ada.head_budgets(s, cap, protect);
-                    let want: Vec<usize> = expected[l].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+                    let want: Vec<usize> =
+                        expected[l].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
                     assert_eq!(hb, want, "{}: head budgets of layer {l}", case["name"]);
                     select_heads(s, &hb, protect).unwrap()
                 })
@@ -189,7 +202,8 @@ fn ours(p: &mut Peers, case: &Value, tie_scores: &mut Option<Vec<Scores>>) -> Ke
                             let sub: Vec<f32> = cur.iter().map(|&j| scores[l].row(h)[j as usize]).collect();
                             let len = cur.len();
                             // the window is the tail of every kept list
-                            let keep = select_top_k(&sub, budgets[l], Protect { sinks: 0, recent: w.min(len) }).unwrap();
+                            let keep =
+                                select_top_k(&sub, budgets[l], Protect { sinks: 0, recent: w.min(len) }).unwrap();
                             kept[l][h] = keep.iter().map(|&i| cur[i as usize]).collect();
                         }
                     }
@@ -250,7 +264,8 @@ fn kept_sets_match_the_peers() {
         tied += case_tied;
         worst = worst.max(case_worst);
         if case_exact + case_tied != case_sets {
-            failures.push(format!("{name}: {case_exact}/{case_sets} identical, worst Jaccard distance {case_worst:.4}"));
+            failures
+                .push(format!("{name}: {case_exact}/{case_sets} identical, worst Jaccard distance {case_worst:.4}"));
         }
     }
     println!(

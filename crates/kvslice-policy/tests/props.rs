@@ -2,7 +2,7 @@
 //! CAKE's monotone cascade and its Theorem 1 (cascading keeps the same sets as one-shot).
 
 use kvslice_policy::alloc::{AdaKv, Cake, CakeCascade};
-use kvslice_policy::{select_top_k, BudgetSpec, Protect, Scores};
+use kvslice_policy::{BudgetSpec, Protect, Scores, select_top_k};
 use proptest::prelude::*;
 
 fn scores_strategy(max_len: usize) -> impl Strategy<Value = Vec<f32>> {

@@ -103,9 +103,9 @@ pub async fn init_device(choice: DeviceChoice) -> Result<(Device, DeviceInfo)> {
     let choice = match choice {
         #[cfg(not(target_family = "wasm"))]
         DeviceChoice::Wgpu => match std::env::var("KVSLICE_WGPU_BACKEND") {
-            Ok(v) if !v.is_empty() => v.parse().map_err(|e: RuntimeError| {
-                RuntimeError::Device(format!("KVSLICE_WGPU_BACKEND: {e}"))
-            })?,
+            Ok(v) if !v.is_empty() => {
+                v.parse().map_err(|e: RuntimeError| RuntimeError::Device(format!("KVSLICE_WGPU_BACKEND: {e}")))?
+            }
             _ => DeviceChoice::Wgpu,
         },
         other => other,

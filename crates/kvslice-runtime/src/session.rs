@@ -68,12 +68,7 @@ impl<'m> Session<'m> {
     pub fn new(model: &'m Llama, capacity: usize) -> Result<Self> {
         let c = &model.config;
         let capacity = capacity.min(c.max_position_embeddings);
-        let geometry = CacheGeometry {
-            layers: c.num_layers,
-            kv_heads: c.num_kv_heads,
-            head_dim: c.head_dim,
-            capacity,
-        };
+        let geometry = CacheGeometry { layers: c.num_layers, kv_heads: c.num_kv_heads, head_dim: c.head_dim, capacity };
         Ok(Self { model, cache: KvCache::new(geometry, model.device())?, next_position: 0 })
     }
 

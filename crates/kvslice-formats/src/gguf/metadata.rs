@@ -129,10 +129,7 @@ impl MetadataArray {
             MetadataArray::U32(v) => v.iter().map(|&x| x.into()).collect(),
             MetadataArray::I32(v) => v.iter().map(|&x| x.into()).collect(),
             MetadataArray::I64(v) => v.clone(),
-            MetadataArray::U64(v) => v
-                .iter()
-                .map(|&x| i64::try_from(x).ok())
-                .collect::<Option<_>>()?,
+            MetadataArray::U64(v) => v.iter().map(|&x| i64::try_from(x).ok()).collect::<Option<_>>()?,
             _ => return None,
         })
     }

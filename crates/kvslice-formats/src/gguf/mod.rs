@@ -81,12 +81,7 @@ impl<'a> Cursor<'a> {
     fn take(&mut self, n: u64, what: &'static str) -> Result<&'a [u8]> {
         let available = self.remaining() as u64;
         if n > available {
-            return Err(FormatError::Truncated {
-                what,
-                offset: self.pos as u64,
-                needed: n,
-                available,
-            });
+            return Err(FormatError::Truncated { what, offset: self.pos as u64, needed: n, available });
         }
         let n = n as usize;
         let s = &self.data[self.pos..self.pos + n];
@@ -116,12 +111,7 @@ impl<'a> Cursor<'a> {
         let claimed = self.u64(what)?;
         let max = self.remaining() as u64 / min_item_bytes;
         if claimed > max {
-            return Err(FormatError::CountTooLarge {
-                what,
-                claimed,
-                max,
-                offset,
-            });
+            return Err(FormatError::CountTooLarge { what, claimed, max, offset });
         }
         Ok(claimed as usize)
     }
@@ -166,10 +156,9 @@ fn read_bool(c: &mut Cursor<'_>, key: &str) -> Result<bool> {
     match c.array::<1>("bool value")?[0] {
         0 => Ok(false),
         1 => Ok(true),
-        v => Err(FormatError::BadMetadata {
-            key: key.to_string(),
-            reason: format!("bool byte {v} is neither 0 nor 1"),
-        }),
+        v => {
+            Err(FormatError::BadMetadata { key: key.to_string(), reason: format!("bool byte {v} is neither 0 nor 1") })
+        }
     }
 }
 
@@ -189,47 +178,30 @@ fn read_value(c: &mut Cursor<'_>, key: &str, type_id: u32, depth: usize) -> Resu
         T_I64 => MetadataValue::I64(i64::from_le_bytes(c.array("i64 value")?)),
         T_F64 => MetadataValue::F64(f64::from_le_bytes(c.array("f64 value")?)),
         _ => {
-            return Err(FormatError::UnknownValueType {
-                key: key.to_string(),
-                type_id,
-            });
+            return Err(FormatError::UnknownValueType { key: key.to_string(), type_id });
         }
     })
 }
 
 fn read_array(c: &mut Cursor<'_>, key: &str, depth: usize) -> Result<MetadataArray> {
     if depth > MAX_ARRAY_DEPTH {
-        return Err(FormatError::NestingTooDeep {
-            key: key.to_string(),
-            max_depth: MAX_ARRAY_DEPTH,
-        });
+        return Err(FormatError::NestingTooDeep { key: key.to_string(), max_depth: MAX_ARRAY_DEPTH });
     }
     let elem = c.u32("array element type")?;
-    let min = min_value_bytes(elem).ok_or_else(|| FormatError::UnknownValueType {
-        key: key.to_string(),
-        type_id: elem,
-    })?;
+    let min =
+        min_value_bytes(elem).ok_or_else(|| FormatError::UnknownValueType { key: key.to_string(), type_id: elem })?;
     // The count is bounded by the remaining bytes, so the vectors below are at most a
     // small multiple of the file size.
     let n = c.count("metadata array", min)?;
     macro_rules! fixed {
         ($variant:ident, $t:ty, $w:literal, $what:literal) => {{
             let raw = c.take(n as u64 * $w, $what)?;
-            MetadataArray::$variant(
-                raw.chunks_exact($w)
-                    .map(|b| <$t>::from_le_bytes(b.try_into().unwrap()))
-                    .collect(),
-            )
+            MetadataArray::$variant(raw.chunks_exact($w).map(|b| <$t>::from_le_bytes(b.try_into().unwrap())).collect())
         }};
     }
     Ok(match elem {
         T_U8 => MetadataArray::U8(c.take(n as u64, "u8 array")?.to_vec()),
-        T_I8 => MetadataArray::I8(
-            c.take(n as u64, "i8 array")?
-                .iter()
-                .map(|&b| b as i8)
-                .collect(),
-        ),
+        T_I8 => MetadataArray::I8(c.take(n as u64, "i8 array")?.iter().map(|&b| b as i8).collect()),
         T_U16 => fixed!(U16, u16, 2, "u16 array"),
         T_I16 => fixed!(I16, i16, 2, "i16 array"),
         T_U32 => fixed!(U32, u32, 4, "u32 array"),
@@ -239,16 +211,8 @@ fn read_array(c: &mut Cursor<'_>, key: &str, depth: usize) -> Result<MetadataArr
         T_I64 => fixed!(I64, i64, 8, "i64 array"),
         T_F64 => fixed!(F64, f64, 8, "f64 array"),
         T_BOOL => MetadataArray::Bool((0..n).map(|_| read_bool(c, key)).collect::<Result<_>>()?),
-        T_STRING => MetadataArray::String(
-            (0..n)
-                .map(|_| c.string("string array element"))
-                .collect::<Result<_>>()?,
-        ),
-        T_ARRAY => MetadataArray::Array(
-            (0..n)
-                .map(|_| read_array(c, key, depth + 1))
-                .collect::<Result<_>>()?,
-        ),
+        T_STRING => MetadataArray::String((0..n).map(|_| c.string("string array element")).collect::<Result<_>>()?),
+        T_ARRAY => MetadataArray::Array((0..n).map(|_| read_array(c, key, depth + 1)).collect::<Result<_>>()?),
         _ => unreachable!("min_value_bytes accepted the type"),
     })
 }
@@ -274,12 +238,7 @@ impl<B: AsRef<[u8]>> GgufFile<B> {
             let claimed = c.u64("tensor count")?;
             let max = c.remaining().saturating_sub(8) as u64 / 32;
             if claimed > max {
-                return Err(FormatError::CountTooLarge {
-                    what: "tensor count",
-                    claimed,
-                    max,
-                    offset,
-                });
+                return Err(FormatError::CountTooLarge { what: "tensor count", claimed, max, offset });
             }
             claimed as usize
         };
@@ -326,11 +285,7 @@ impl<B: AsRef<[u8]>> GgufFile<B> {
             let name = c.string("tensor name")?;
             let n_dims = c.u32("tensor dimension count")?;
             if n_dims == 0 || n_dims as usize > MAX_DIMS {
-                return Err(FormatError::BadDimCount {
-                    tensor: name,
-                    n_dims,
-                    max: MAX_DIMS,
-                });
+                return Err(FormatError::BadDimCount { tensor: name, n_dims, max: MAX_DIMS });
             }
             let mut dims = Vec::with_capacity(n_dims as usize);
             for _ in 0..n_dims {
@@ -338,17 +293,11 @@ impl<B: AsRef<[u8]>> GgufFile<B> {
             }
             let type_id = c.u32("tensor type")?;
             let offset = c.u64("tensor offset")?;
-            let ggml_type =
-                GgmlType::from_id(type_id).ok_or_else(|| FormatError::UnknownGgmlType {
-                    tensor: name.clone(),
-                    type_id,
-                })?;
+            let ggml_type = GgmlType::from_id(type_id)
+                .ok_or_else(|| FormatError::UnknownGgmlType { tensor: name.clone(), type_id })?;
             let n_elements = dims
                 .iter()
-                .try_fold(
-                    1u64,
-                    |acc, &d| if d == 0 { None } else { acc.checked_mul(d) },
-                )
+                .try_fold(1u64, |acc, &d| if d == 0 { None } else { acc.checked_mul(d) })
                 .filter(|&n| usize::try_from(n).is_ok());
             let Some(n_elements) = n_elements else {
                 return Err(FormatError::BadShape { tensor: name, dims });
@@ -368,13 +317,7 @@ impl<B: AsRef<[u8]>> GgufFile<B> {
             if tensor_index.insert(name.clone(), tensors.len()).is_some() {
                 return Err(FormatError::DuplicateTensor { tensor: name });
             }
-            tensors.push(GgufTensorInfo {
-                name,
-                dims,
-                ggml_type,
-                offset,
-                n_bytes,
-            });
+            tensors.push(GgufTensorInfo { name, dims, ggml_type, offset, n_bytes });
         }
 
         let pos = c.pos as u64;
@@ -383,9 +326,7 @@ impl<B: AsRef<[u8]>> GgufFile<B> {
         let data_len = file_len.saturating_sub(data_start);
         for t in &tensors {
             let end = t.offset.checked_add(t.n_bytes);
-            let ok = data_start <= file_len
-                && t.offset % alignment == 0
-                && end.is_some_and(|e| e <= data_len);
+            let ok = data_start <= file_len && t.offset % alignment == 0 && end.is_some_and(|e| e <= data_len);
             if !ok {
                 return Err(FormatError::DataOutOfBounds {
                     tensor: t.name.clone(),
@@ -396,16 +337,7 @@ impl<B: AsRef<[u8]>> GgufFile<B> {
             }
         }
 
-        Ok(GgufFile {
-            bytes,
-            version,
-            metadata,
-            metadata_index,
-            tensors,
-            tensor_index,
-            alignment,
-            data_start,
-        })
+        Ok(GgufFile { bytes, version, metadata, metadata_index, tensors, tensor_index, alignment, data_start })
     }
 
     /// GGUF format version (2 or 3).
@@ -435,9 +367,7 @@ impl<B: AsRef<[u8]>> GgufFile<B> {
 
     /// A required string value.
     pub fn get_str(&self, key: &str) -> Result<&str> {
-        let v = self.get(key).ok_or_else(|| FormatError::MissingKey {
-            key: key.to_string(),
-        })?;
+        let v = self.get(key).ok_or_else(|| FormatError::MissingKey { key: key.to_string() })?;
         v.as_str().ok_or_else(|| FormatError::BadMetadata {
             key: key.to_string(),
             reason: format!("expected a string, got {v:?}"),
@@ -448,13 +378,10 @@ impl<B: AsRef<[u8]>> GgufFile<B> {
     pub fn get_u64(&self, key: &str) -> Result<Option<u64>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(Some)
-                .ok_or_else(|| FormatError::BadMetadata {
-                    key: key.to_string(),
-                    reason: format!("expected a non-negative integer, got {v:?}"),
-                }),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| FormatError::BadMetadata {
+                key: key.to_string(),
+                reason: format!("expected a non-negative integer, got {v:?}"),
+            }),
         }
     }
 
@@ -462,13 +389,10 @@ impl<B: AsRef<[u8]>> GgufFile<B> {
     pub fn get_f64(&self, key: &str) -> Result<Option<f64>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| FormatError::BadMetadata {
-                    key: key.to_string(),
-                    reason: format!("expected a number, got {v:?}"),
-                }),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| FormatError::BadMetadata {
+                key: key.to_string(),
+                reason: format!("expected a number, got {v:?}"),
+            }),
         }
     }
 
@@ -476,13 +400,10 @@ impl<B: AsRef<[u8]>> GgufFile<B> {
     pub fn get_bool(&self, key: &str) -> Result<Option<bool>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| FormatError::BadMetadata {
-                    key: key.to_string(),
-                    reason: format!("expected a bool, got {v:?}"),
-                }),
+            Some(v) => v.as_bool().map(Some).ok_or_else(|| FormatError::BadMetadata {
+                key: key.to_string(),
+                reason: format!("expected a bool, got {v:?}"),
+            }),
         }
     }
 
@@ -505,19 +426,9 @@ impl<B: AsRef<[u8]>> GgufFile<B> {
 
     /// Dequantize one tensor to f32, in row-major order of [`GgufTensorInfo::shape`].
     pub fn tensor_f32(&self, name: &str) -> Result<Vec<f32>> {
-        let info = self
-            .tensor_info(name)
-            .ok_or_else(|| FormatError::MissingTensor {
-                tensor: name.to_string(),
-            })?;
+        let info = self.tensor_info(name).ok_or_else(|| FormatError::MissingTensor { tensor: name.to_string() })?;
         let mut out = Vec::new();
-        dequantize_into(
-            &info.name,
-            info.ggml_type,
-            self.tensor_bytes(info),
-            info.n_elements(),
-            &mut out,
-        )?;
+        dequantize_into(&info.name, info.ggml_type, self.tensor_bytes(info), info.n_elements(), &mut out)?;
         Ok(out)
     }
 
@@ -540,10 +451,7 @@ impl<B: AsRef<[u8]>> GgufFile<B> {
 /// # Shapes
 /// `data`: `[n_head * head_dim, cols]` row-major → same shape, HF row order.
 pub fn unpermute_rope_rows(data: &[f32], n_head: usize, cols: usize) -> Result<Vec<f32>> {
-    let bad = |reason: String| FormatError::BadMetadata {
-        key: "attention.head_count".into(),
-        reason,
-    };
+    let bad = |reason: String| FormatError::BadMetadata { key: "attention.head_count".into(), reason };
     if n_head == 0 || cols == 0 || !data.len().is_multiple_of(cols) {
         return Err(bad(format!(
             "cannot unpermute {} values as {n_head} heads of rows with {cols} columns",
@@ -552,9 +460,7 @@ pub fn unpermute_rope_rows(data: &[f32], n_head: usize, cols: usize) -> Result<V
     }
     let rows = data.len() / cols;
     if !rows.is_multiple_of(2 * n_head) {
-        return Err(bad(format!(
-            "{rows} rows do not split into {n_head} heads of even size"
-        )));
+        return Err(bad(format!("{rows} rows do not split into {n_head} heads of even size")));
     }
     let head_dim = rows / n_head;
     let half = head_dim / 2;
@@ -564,8 +470,7 @@ pub fn unpermute_rope_rows(data: &[f32], n_head: usize, cols: usize) -> Result<V
             for j in 0..half {
                 let hf_row = h * head_dim + t * half + j;
                 let gguf_row = h * head_dim + 2 * j + t;
-                out[hf_row * cols..(hf_row + 1) * cols]
-                    .copy_from_slice(&data[gguf_row * cols..(gguf_row + 1) * cols]);
+                out[hf_row * cols..(hf_row + 1) * cols].copy_from_slice(&data[gguf_row * cols..(gguf_row + 1) * cols]);
             }
         }
     }

@@ -179,12 +179,7 @@ impl GgmlType {
     pub fn is_supported(self) -> bool {
         matches!(
             self,
-            GgmlType::F32
-                | GgmlType::F16
-                | GgmlType::BF16
-                | GgmlType::Q8_0
-                | GgmlType::Q4_0
-                | GgmlType::Q4_1
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1
         )
     }
 }
@@ -198,18 +193,9 @@ fn f16_at(b: &[u8], i: usize) -> f32 {
 ///
 /// `bytes` must hold exactly the tensor's data: `n_elements / block * block_bytes`
 /// bytes. `tensor` only names the tensor in errors.
-pub fn dequantize_into(
-    tensor: &str,
-    ty: GgmlType,
-    bytes: &[u8],
-    n_elements: usize,
-    out: &mut Vec<f32>,
-) -> Result<()> {
+pub fn dequantize_into(tensor: &str, ty: GgmlType, bytes: &[u8], n_elements: usize, out: &mut Vec<f32>) -> Result<()> {
     if !ty.is_supported() {
-        return Err(FormatError::UnsupportedGgmlType {
-            tensor: tensor.to_string(),
-            type_name: ty.name(),
-        });
+        return Err(FormatError::UnsupportedGgmlType { tensor: tensor.to_string(), type_name: ty.name() });
     }
     let (block, block_bytes) = ty.block_layout();
     let (block, block_bytes) = (block as usize, block_bytes as usize);
@@ -225,21 +211,13 @@ pub fn dequantize_into(
     }
     out.reserve(n_elements);
     match ty {
-        GgmlType::F32 => out.extend(
-            bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        ),
-        GgmlType::F16 => out.extend(
-            bytes
-                .chunks_exact(2)
-                .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()),
-        ),
-        GgmlType::BF16 => out.extend(
-            bytes
-                .chunks_exact(2)
-                .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()),
-        ),
+        GgmlType::F32 => out.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
+        GgmlType::F16 => {
+            out.extend(bytes.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()))
+        }
+        GgmlType::BF16 => {
+            out.extend(bytes.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()))
+        }
         GgmlType::Q8_0 => {
             for b in bytes.chunks_exact(34) {
                 let d = f16_at(b, 0);

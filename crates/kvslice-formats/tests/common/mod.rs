@@ -4,9 +4,7 @@
 use std::path::PathBuf;
 
 pub fn golden(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/golden")
-        .join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden").join(rel)
 }
 
 pub fn real_model() -> Option<PathBuf> {
@@ -15,10 +13,7 @@ pub fn real_model() -> Option<PathBuf> {
     if p.is_file() {
         Some(p)
     } else {
-        println!(
-            "NOTICE: {} is absent; skipping the real-model checks",
-            p.display()
-        );
+        println!("NOTICE: {} is absent; skipping the real-model checks", p.display());
         None
     }
 }

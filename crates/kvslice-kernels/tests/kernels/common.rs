@@ -67,25 +67,18 @@ pub fn read<const D: usize>(t: Tensor<D>) -> Vec<f32> {
 }
 
 pub fn read_u32<const D: usize>(t: Tensor<D, Int>) -> Vec<u32> {
-    t.into_data_as::<u32>()
-        .try_to_vec::<u32>()
-        .expect("u32 read-back")
+    t.into_data_as::<u32>().try_to_vec::<u32>().expect("u32 read-back")
 }
 
 pub fn read_i32<const D: usize>(t: Tensor<D, Int>) -> Vec<i32> {
-    t.into_data_as::<i32>()
-        .try_to_vec::<i32>()
-        .expect("i32 read-back")
+    t.into_data_as::<i32>().try_to_vec::<i32>().expect("i32 read-back")
 }
 
 /// `|got − want| ≤ rtol·|want| + atol·scale` element-wise, where `scale` is the largest
 /// `|want|` of the array (near-zero entries are judged against the array's magnitude).
 pub fn assert_close(what: &str, got: &[f32], want: &[f64], rtol: f64, atol: f64) {
     assert_eq!(got.len(), want.len(), "{what}: length");
-    let scale = want
-        .iter()
-        .fold(0.0f64, |m, x| m.max(x.abs()))
-        .max(f64::MIN_POSITIVE);
+    let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(f64::MIN_POSITIVE);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let err = (f64::from(g) - w).abs();
         let bound = rtol * w.abs() + atol * scale;
@@ -98,10 +91,5 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f64], rtol: f64, atol: f64)
 
 /// Proptest settings for GPU cases: few cases, short shrinking (each case runs kernels).
 pub fn gpu_config(cases: u32) -> proptest::test_runner::Config {
-    proptest::test_runner::Config {
-        cases,
-        max_shrink_iters: 16,
-        failure_persistence: None,
-        ..Default::default()
-    }
+    proptest::test_runner::Config { cases, max_shrink_iters: 16, failure_persistence: None, ..Default::default() }
 }

@@ -3,8 +3,8 @@
 
 use burn::tensor::{Int, Tensor, TensorData};
 use kvslice_kernels::{
-    CacheTensors, KernelError, Protect, append_rows, buffer_id, compact_in_place,
-    compact_in_place_host, cpu, decode_attention, int_buffer_id, top_k,
+    CacheTensors, KernelError, Protect, append_rows, buffer_id, compact_in_place, compact_in_place_host, cpu,
+    decode_attention, int_buffer_id, top_k,
 };
 use proptest::prelude::*;
 
@@ -24,17 +24,8 @@ impl Host {
         let mut rng = Rng::new(seed);
         let k = rng.vec(kv_heads * cap * d, 1.0);
         let v = rng.vec(kv_heads * cap * d, 1.0);
-        let p = (0..kv_heads * cap)
-            .map(|i| (i % cap) as i32 + 1000 * (i / cap) as i32)
-            .collect();
-        Host {
-            kv_heads,
-            cap,
-            d,
-            k,
-            v,
-            p,
-        }
+        let p = (0..kv_heads * cap).map(|i| (i % cap) as i32 + 1000 * (i / cap) as i32).collect();
+        Host { kv_heads, cap, d, k, v, p }
     }
 
     fn upload(&self) -> (Tensor<3>, Tensor<3>, Tensor<2, Int>) {
@@ -49,25 +40,11 @@ impl Host {
     /// The twin: each head gathered in place.
     fn compacted(&self, kept: &[Vec<u32>]) -> Host {
         let (cap, d) = (self.cap, self.d);
-        let mut out = Host {
-            k: vec![],
-            v: vec![],
-            p: vec![],
-            ..*self
-        };
+        let mut out = Host { k: vec![], v: vec![], p: vec![], ..*self };
         for (h, list) in kept.iter().enumerate() {
-            out.k.extend(cpu::compact(
-                &self.k[h * cap * d..(h + 1) * cap * d],
-                d,
-                list,
-            ));
-            out.v.extend(cpu::compact(
-                &self.v[h * cap * d..(h + 1) * cap * d],
-                d,
-                list,
-            ));
-            out.p
-                .extend(cpu::compact(&self.p[h * cap..(h + 1) * cap], 1, list));
+            out.k.extend(cpu::compact(&self.k[h * cap * d..(h + 1) * cap * d], d, list));
+            out.v.extend(cpu::compact(&self.v[h * cap * d..(h + 1) * cap * d], d, list));
+            out.p.extend(cpu::compact(&self.p[h * cap..(h + 1) * cap], 1, list));
         }
         out
     }
@@ -114,16 +91,7 @@ fn gathers_past_the_chunk_boundary() {
     let host = Host::random(1, 300, 128, 42);
     let kept = vec![(1..300).step_by(4).map(|x| x as u32).collect::<Vec<_>>()];
     let (mut k, mut v, mut p) = host.upload();
-    compact_in_place_host(
-        CacheTensors {
-            keys: &mut k,
-            values: &mut v,
-            positions: &mut p,
-        },
-        &kept,
-        &[300],
-    )
-    .unwrap();
+    compact_in_place_host(CacheTensors { keys: &mut k, values: &mut v, positions: &mut p }, &kept, &[300]).unwrap();
     let want = host.compacted(&kept);
     assert_eq!(bits(&read(k)), bits(&want.k));
     assert_eq!(bits(&read(v)), bits(&want.v));
@@ -136,35 +104,18 @@ fn same_buffers_and_freed_slots_reused_by_appends() {
     let (kv_heads, cap, d) = (3usize, 64usize, 64usize);
     let host = Host::random(kv_heads, cap, d, 5);
     let (mut k, mut v, mut p) = host.upload();
-    let ids = (
-        buffer_id(&k).unwrap(),
-        buffer_id(&v).unwrap(),
-        int_buffer_id(&p).unwrap(),
-    );
+    let ids = (buffer_id(&k).unwrap(), buffer_id(&v).unwrap(), int_buffer_id(&p).unwrap());
     let lens = vec![cap as u32, 50, 20];
 
     // top-k on the device, compaction straight from its output
     let mut rng = Rng::new(8);
     let scores = rng.vec(kv_heads * cap, 1.0);
     let ks = [10u32, 33, 20];
-    let protect = Protect {
-        sinks: 2,
-        recent: 3,
-    };
-    let kept = top_k(
-        &f2(scores.clone(), [kv_heads, cap], &dev),
-        &lens,
-        &ks,
-        protect,
-    )
-    .unwrap();
+    let protect = Protect { sinks: 2, recent: 3 };
+    let kept = top_k(&f2(scores.clone(), [kv_heads, cap], &dev), &lens, &ks, protect).unwrap();
     let counts = kept.counts.clone();
     let lens = compact_in_place(
-        CacheTensors {
-            keys: &mut k,
-            values: &mut v,
-            positions: &mut p,
-        },
+        CacheTensors { keys: &mut k, values: &mut v, positions: &mut p },
         &kept.positions,
         &counts,
         &lens,
@@ -172,25 +123,13 @@ fn same_buffers_and_freed_slots_reused_by_appends() {
     .unwrap();
     assert_eq!(lens, [10, 33, 20]);
     assert_eq!(
-        (
-            buffer_id(&k).unwrap(),
-            buffer_id(&v).unwrap(),
-            int_buffer_id(&p).unwrap()
-        ),
+        (buffer_id(&k).unwrap(), buffer_id(&v).unwrap(), int_buffer_id(&p).unwrap()),
         ids,
         "compaction reallocated"
     );
 
-    let kept_host: Vec<Vec<u32>> = (0..kv_heads)
-        .map(|h| {
-            cpu::top_k(
-                &scores[h * cap..h * cap + [64, 50, 20][h]],
-                ks[h] as usize,
-                2,
-                3,
-            )
-        })
-        .collect();
+    let kept_host: Vec<Vec<u32>> =
+        (0..kv_heads).map(|h| cpu::top_k(&scores[h * cap..h * cap + [64, 50, 20][h]], ks[h] as usize, 2, 3)).collect();
     let mut want = host.compacted(&kept_host);
 
     // append two rows per head at slots lens[h], lens[h] + 1: the freed slots
@@ -199,11 +138,7 @@ fn same_buffers_and_freed_slots_reused_by_appends() {
     let nv = rng.vec(kv_heads * t * d, 1.0);
     let np: Vec<i32> = (0..kv_heads * t).map(|i| 5000 + i as i32).collect();
     let lens = append_rows(
-        CacheTensors {
-            keys: &mut k,
-            values: &mut v,
-            positions: &mut p,
-        },
+        CacheTensors { keys: &mut k, values: &mut v, positions: &mut p },
         &f3(nk.clone(), [kv_heads, t, d], &dev),
         &f3(nv.clone(), [kv_heads, t, d], &dev),
         &i2(np.clone(), [kv_heads, t], &dev),
@@ -229,11 +164,7 @@ fn same_buffers_and_freed_slots_reused_by_appends() {
     want.k[(cap + 35) * d..(cap + 36) * d].copy_from_slice(&row);
 
     assert_eq!(
-        (
-            buffer_id(&k).unwrap(),
-            buffer_id(&v).unwrap(),
-            int_buffer_id(&p).unwrap()
-        ),
+        (buffer_id(&k).unwrap(), buffer_id(&v).unwrap(), int_buffer_id(&p).unwrap()),
         ids,
         "appends reallocated"
     );
@@ -245,8 +176,7 @@ fn same_buffers_and_freed_slots_reused_by_appends() {
     let lens = [12u32, 35, 22];
     let q = rng.vec(kv_heads * d, 1.0);
     let out = decode_attention(&f2(q.clone(), [kv_heads, d], &dev), &k, &v, &lens, None).unwrap();
-    let (want_out, _) =
-        cpu::decode_attention(&q, &want.k, &want.v, kv_heads, kv_heads, cap, d, &lens);
+    let (want_out, _) = cpu::decode_attention(&q, &want.k, &want.v, kv_heads, kv_heads, cap, d, &lens);
     assert_close("decode after compaction", &read(out), &want_out, 1e-4, 1e-5);
 }
 
@@ -255,116 +185,40 @@ fn host_kept_lists_are_validated() {
     let host = Host::random(2, 8, 64, 1);
     let (mut k2, mut v2, mut p2) = host.upload();
     let err = compact_in_place_host(
-        CacheTensors {
-            keys: &mut k2,
-            values: &mut v2,
-            positions: &mut p2,
-        },
+        CacheTensors { keys: &mut k2, values: &mut v2, positions: &mut p2 },
         &[vec![0, 2, 2], vec![]],
         &[8, 8],
     );
-    assert_eq!(
-        err.unwrap_err(),
-        KernelError::KeptOrder {
-            head: 0,
-            index: 2,
-            position: 2,
-            len: 8
-        }
-    );
+    assert_eq!(err.unwrap_err(), KernelError::KeptOrder { head: 0, index: 2, position: 2, len: 8 });
     let err = compact_in_place_host(
-        CacheTensors {
-            keys: &mut k2,
-            values: &mut v2,
-            positions: &mut p2,
-        },
+        CacheTensors { keys: &mut k2, values: &mut v2, positions: &mut p2 },
         &[vec![0], vec![6]],
         &[8, 6],
     );
-    assert_eq!(
-        err.unwrap_err(),
-        KernelError::KeptOrder {
-            head: 1,
-            index: 0,
-            position: 6,
-            len: 6
-        }
-    );
+    assert_eq!(err.unwrap_err(), KernelError::KeptOrder { head: 1, index: 0, position: 6, len: 6 });
     let err = compact_in_place_host(
-        CacheTensors {
-            keys: &mut k2,
-            values: &mut v2,
-            positions: &mut p2,
-        },
+        CacheTensors { keys: &mut k2, values: &mut v2, positions: &mut p2 },
         &[vec![0], vec![1]],
         &[9, 6],
     );
-    assert_eq!(
-        err.unwrap_err(),
-        KernelError::LengthPastCapacity {
-            head: 0,
-            len: 9,
-            capacity: 8
-        }
-    );
+    assert_eq!(err.unwrap_err(), KernelError::LengthPastCapacity { head: 0, len: 9, capacity: 8 });
     // counts past the length, appends past the capacity
     let kept = Tensor::<2, Int>::from_data(TensorData::new(vec![0i32, 1, 2, 3], [2, 2]), &device());
-    let err = compact_in_place(
-        CacheTensors {
-            keys: &mut k2,
-            values: &mut v2,
-            positions: &mut p2,
-        },
-        &kept,
-        &[2, 2],
-        &[8, 1],
-    );
-    assert_eq!(
-        err.unwrap_err(),
-        KernelError::CountPastLength {
-            head: 1,
-            count: 2,
-            available: 1
-        }
-    );
-    let err = compact_in_place(
-        CacheTensors {
-            keys: &mut k2,
-            values: &mut v2,
-            positions: &mut p2,
-        },
-        &kept,
-        &[3, 0],
-        &[8, 1],
-    );
-    assert_eq!(
-        err.unwrap_err(),
-        KernelError::CountPastLength {
-            head: 0,
-            count: 3,
-            available: 2
-        }
-    );
+    let err =
+        compact_in_place(CacheTensors { keys: &mut k2, values: &mut v2, positions: &mut p2 }, &kept, &[2, 2], &[8, 1]);
+    assert_eq!(err.unwrap_err(), KernelError::CountPastLength { head: 1, count: 2, available: 1 });
+    let err =
+        compact_in_place(CacheTensors { keys: &mut k2, values: &mut v2, positions: &mut p2 }, &kept, &[3, 0], &[8, 1]);
+    assert_eq!(err.unwrap_err(), KernelError::CountPastLength { head: 0, count: 3, available: 2 });
     let dev = device();
     let err = append_rows(
-        CacheTensors {
-            keys: &mut k2,
-            values: &mut v2,
-            positions: &mut p2,
-        },
+        CacheTensors { keys: &mut k2, values: &mut v2, positions: &mut p2 },
         &f3(vec![0.0; 2 * 3 * 64], [2, 3, 64], &dev),
         &f3(vec![0.0; 2 * 3 * 64], [2, 3, 64], &dev),
         &i2(vec![0; 6], [2, 3], &dev),
         &[5, 6],
     );
-    assert_eq!(
-        err.unwrap_err(),
-        KernelError::LengthPastCapacity {
-            head: 1,
-            len: 9,
-            capacity: 8
-        }
-    );
+    assert_eq!(err.unwrap_err(), KernelError::LengthPastCapacity { head: 1, len: 9, capacity: 8 });
     // nothing was dispatched: the cache is untouched
     assert_eq!(bits(&read(k2)), bits(&host.k));
 }

@@ -6,15 +6,7 @@ use proptest::prelude::*;
 
 use crate::common::{Rng, assert_close, device, f2, f3, read};
 
-fn run_case(
-    kv_heads: usize,
-    group: usize,
-    d: usize,
-    cap: usize,
-    lens: &[u32],
-    amplitude: f32,
-    seed: u64,
-) {
+fn run_case(kv_heads: usize, group: usize, d: usize, cap: usize, lens: &[u32], amplitude: f32, seed: u64) {
     let dev = device();
     let heads = kv_heads * group;
     let mut rng = Rng::new(seed);
@@ -24,52 +16,20 @@ fn run_case(
     let base: Vec<f32> = (0..kv_heads * cap).map(|_| rng.unit().abs()).collect();
     let (want_out, want_w) = cpu::decode_attention(&q, &k, &v, heads, kv_heads, cap, d, lens);
 
-    let (qt, kt, vt) = (
-        f2(q, [heads, d], &dev),
-        f3(k, [kv_heads, cap, d], &dev),
-        f3(v, [kv_heads, cap, d], &dev),
-    );
+    let (qt, kt, vt) = (f2(q, [heads, d], &dev), f3(k, [kv_heads, cap, d], &dev), f3(v, [kv_heads, cap, d], &dev));
     let mut scores = f2(base.clone(), [kv_heads, cap], &dev);
     let tag = format!("kv_heads {kv_heads} g {group} d {d} cap {cap} lens {lens:?}");
     let out = decode_attention(&qt, &kt, &vt, lens, Some(&mut scores)).expect("valid shapes");
-    assert_close(
-        &format!("output ({tag})"),
-        &read(out),
-        &want_out,
-        1e-4,
-        1e-5,
-    );
+    assert_close(&format!("output ({tag})"), &read(out), &want_out, 1e-4, 1e-5);
     // a second step adds the same weights again
     let out2 = decode_attention(&qt, &kt, &vt, lens, Some(&mut scores)).expect("valid shapes");
-    assert_close(
-        &format!("output, step 2 ({tag})"),
-        &read(out2),
-        &want_out,
-        1e-4,
-        1e-5,
-    );
-    let want_scores: Vec<f64> = base
-        .iter()
-        .zip(&want_w)
-        .map(|(&b, &w)| f64::from(b) + 2.0 * w)
-        .collect();
+    assert_close(&format!("output, step 2 ({tag})"), &read(out2), &want_out, 1e-4, 1e-5);
+    let want_scores: Vec<f64> = base.iter().zip(&want_w).map(|(&b, &w)| f64::from(b) + 2.0 * w).collect();
     let got_scores = read(scores);
     let got_added: Vec<f32> = got_scores.iter().zip(&base).map(|(g, b)| g - b).collect();
     let want_added: Vec<f64> = want_w.iter().map(|w| 2.0 * w).collect();
-    assert_close(
-        &format!("added weights ({tag})"),
-        &got_added,
-        &want_added,
-        1e-4,
-        1e-6,
-    );
-    assert_close(
-        &format!("scores ({tag})"),
-        &got_scores,
-        &want_scores,
-        1e-5,
-        1e-6,
-    );
+    assert_close(&format!("added weights ({tag})"), &got_added, &want_added, 1e-4, 1e-6);
+    assert_close(&format!("scores ({tag})"), &got_scores, &want_scores, 1e-5, 1e-6);
 }
 
 proptest! {
@@ -107,14 +67,9 @@ fn without_scores_output_only() {
     let v = rng.vec(2 * cap * d, 1.0);
     let lens = [77, 100];
     let (want, _) = cpu::decode_attention(&q, &k, &v, heads, 2, cap, d, &lens);
-    let out = decode_attention(
-        &f2(q, [heads, d], &dev),
-        &f3(k, [2, cap, d], &dev),
-        &f3(v, [2, cap, d], &dev),
-        &lens,
-        None,
-    )
-    .unwrap();
+    let out =
+        decode_attention(&f2(q, [heads, d], &dev), &f3(k, [2, cap, d], &dev), &f3(v, [2, cap, d], &dev), &lens, None)
+            .unwrap();
     assert_close("output", &read(out), &want, 1e-4, 1e-5);
 }
 

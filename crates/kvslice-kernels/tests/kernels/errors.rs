@@ -2,8 +2,8 @@
 
 use burn::tensor::{Device, Tensor, TensorData};
 use kvslice_kernels::{
-    CacheTensors, KernelError, MAX_HEAD_DIM, Reduce, StatsRequest, decode_attention, pool1d,
-    reduce_groups, window_stats,
+    CacheTensors, KernelError, MAX_HEAD_DIM, Reduce, StatsRequest, decode_attention, pool1d, reduce_groups,
+    window_stats,
 };
 
 use crate::common::{device, f2, f3, i2};
@@ -20,55 +20,27 @@ fn window_stats_refuses_bad_shapes() {
     let kv = zeros3([2, 10, 64], &dev);
     // head_dim disagrees
     let k32 = zeros3([2, 10, 32], &dev);
-    assert!(matches!(
-        window_stats(&q, &k32, &kv, 10, req),
-        Err(KernelError::Shape { tensor: "keys", .. })
-    ));
+    assert!(matches!(window_stats(&q, &k32, &kv, 10, req), Err(KernelError::Shape { tensor: "keys", .. })));
     // values disagree with keys
     let v9 = zeros3([2, 9, 64], &dev);
-    assert!(matches!(
-        window_stats(&q, &kv, &v9, 9, req),
-        Err(KernelError::Shape {
-            tensor: "values",
-            ..
-        })
-    ));
+    assert!(matches!(window_stats(&q, &kv, &v9, 9, req), Err(KernelError::Shape { tensor: "values", .. })));
     // heads not a multiple of kv heads
     let k3 = zeros3([3, 10, 64], &dev);
-    assert_eq!(
-        window_stats(&q, &k3, &k3, 10, req).unwrap_err(),
-        KernelError::Grouping {
-            heads: 4,
-            kv_heads: 3
-        }
-    );
+    assert_eq!(window_stats(&q, &k3, &k3, 10, req).unwrap_err(), KernelError::Grouping { heads: 4, kv_heads: 3 });
     // window longer than the keys, empty window, keys past capacity
-    assert_eq!(
-        window_stats(&q, &kv, &kv, 1, req).unwrap_err(),
-        KernelError::Window { window: 2, len: 1 }
-    );
+    assert_eq!(window_stats(&q, &kv, &kv, 1, req).unwrap_err(), KernelError::Window { window: 2, len: 1 });
     let q0 = zeros3([4, 0, 64], &dev);
-    assert_eq!(
-        window_stats(&q0, &kv, &kv, 5, req).unwrap_err(),
-        KernelError::Window { window: 0, len: 5 }
-    );
+    assert_eq!(window_stats(&q0, &kv, &kv, 5, req).unwrap_err(), KernelError::Window { window: 0, len: 5 });
     assert_eq!(
         window_stats(&q, &kv, &kv, 11, req).unwrap_err(),
-        KernelError::LengthPastCapacity {
-            head: 0,
-            len: 11,
-            capacity: 10
-        }
+        KernelError::LengthPastCapacity { head: 0, len: 11, capacity: 10 }
     );
     // unsupported head_dim
     let big = MAX_HEAD_DIM * 2;
     let (qb, kb) = (zeros3([2, 1, big], &dev), zeros3([2, 4, big], &dev));
     assert_eq!(
         window_stats(&qb, &kb, &kb, 4, req).unwrap_err(),
-        KernelError::HeadDim {
-            head_dim: big,
-            max: MAX_HEAD_DIM
-        }
+        KernelError::HeadDim { head_dim: big, max: MAX_HEAD_DIM }
     );
 }
 
@@ -79,10 +51,7 @@ fn non_wgpu_tensors_are_refused() {
     let k: Tensor<3> = Tensor::from_data(TensorData::new(vec![0.0f32; 128], [1, 2, 64]), &cpu);
     assert!(matches!(
         window_stats(&q, &k, &k, 2, StatsRequest::default()),
-        Err(KernelError::Device {
-            tensor: "queries",
-            ..
-        })
+        Err(KernelError::Device { tensor: "queries", .. })
     ));
     // mixed: wgpu queries, CPU keys
     let qg = zeros3([1, 1, 64], &device());
@@ -96,28 +65,10 @@ fn non_wgpu_tensors_are_refused() {
 fn reductions_refuse_bad_arguments() {
     let dev = device();
     let x = f2(vec![0.0; 12], [3, 4], &dev);
-    assert_eq!(
-        pool1d(&x, 4, Reduce::Mean).unwrap_err(),
-        KernelError::PoolKernel { kernel: 4 }
-    );
-    assert_eq!(
-        pool1d(&x, 0, Reduce::Max).unwrap_err(),
-        KernelError::PoolKernel { kernel: 0 }
-    );
-    assert_eq!(
-        reduce_groups(&x, 2, Reduce::Mean).unwrap_err(),
-        KernelError::Grouping {
-            heads: 3,
-            kv_heads: 2
-        }
-    );
-    assert_eq!(
-        reduce_groups(&x, 0, Reduce::Mean).unwrap_err(),
-        KernelError::Grouping {
-            heads: 3,
-            kv_heads: 0
-        }
-    );
+    assert_eq!(pool1d(&x, 4, Reduce::Mean).unwrap_err(), KernelError::PoolKernel { kernel: 4 });
+    assert_eq!(pool1d(&x, 0, Reduce::Max).unwrap_err(), KernelError::PoolKernel { kernel: 0 });
+    assert_eq!(reduce_groups(&x, 2, Reduce::Mean).unwrap_err(), KernelError::Grouping { heads: 3, kv_heads: 2 });
+    assert_eq!(reduce_groups(&x, 0, Reduce::Mean).unwrap_err(), KernelError::Grouping { heads: 3, kv_heads: 0 });
 }
 
 #[test]
@@ -127,35 +78,21 @@ fn decode_refuses_bad_arguments() {
     let kv = zeros3([2, 8, 64], &dev);
     assert_eq!(
         decode_attention(&q, &kv, &kv, &[8], None).unwrap_err(),
-        KernelError::PerHead {
-            what: "lengths",
-            expected: 2,
-            got: 1
-        }
+        KernelError::PerHead { what: "lengths", expected: 2, got: 1 }
     );
     assert_eq!(
         decode_attention(&q, &kv, &kv, &[8, 9], None).unwrap_err(),
-        KernelError::LengthPastCapacity {
-            head: 1,
-            len: 9,
-            capacity: 8
-        }
+        KernelError::LengthPastCapacity { head: 1, len: 9, capacity: 8 }
     );
     let mut bad_scores = f2(vec![0.0; 2 * 7], [2, 7], &dev);
     assert!(matches!(
         decode_attention(&q, &kv, &kv, &[8, 8], Some(&mut bad_scores)),
-        Err(KernelError::Shape {
-            tensor: "scores",
-            ..
-        })
+        Err(KernelError::Shape { tensor: "scores", .. })
     ));
     let q3 = f2(vec![0.0; 3 * 64], [3, 64], &dev);
     assert_eq!(
         decode_attention(&q3, &kv, &kv, &[8, 8], None).unwrap_err(),
-        KernelError::Grouping {
-            heads: 3,
-            kv_heads: 2
-        }
+        KernelError::Grouping { heads: 3, kv_heads: 2 }
     );
 }
 
@@ -168,34 +105,17 @@ fn compaction_refuses_views_and_bad_dtypes() {
     // a transposed view cannot be compacted in place
     let mut kt = zeros3([2, 64, 8], &dev).swap_dims(1, 2);
     let err = kvslice_kernels::compact_in_place_host(
-        CacheTensors {
-            keys: &mut kt,
-            values: &mut v,
-            positions: &mut p,
-        },
+        CacheTensors { keys: &mut kt, values: &mut v, positions: &mut p },
         &[vec![], vec![]],
         &[0, 0],
     );
-    assert_eq!(
-        err.unwrap_err(),
-        KernelError::NotContiguous { tensor: "keys" }
-    );
+    assert_eq!(err.unwrap_err(), KernelError::NotContiguous { tensor: "keys" });
     // positions with the wrong shape
     let mut p3 = i2(vec![0; 18], [2, 9], &dev);
     let err = kvslice_kernels::compact_in_place_host(
-        CacheTensors {
-            keys: &mut k,
-            values: &mut v,
-            positions: &mut p3,
-        },
+        CacheTensors { keys: &mut k, values: &mut v, positions: &mut p3 },
         &[vec![], vec![]],
         &[0, 0],
     );
-    assert!(matches!(
-        err,
-        Err(KernelError::Shape {
-            tensor: "positions",
-            ..
-        })
-    ));
+    assert!(matches!(err, Err(KernelError::Shape { tensor: "positions", .. })));
 }

@@ -20,14 +20,7 @@ fn abs(v: &[f32]) -> Vec<f32> {
 }
 
 /// Checks `got` against the twin with the bound stated at the top of the file.
-fn check(
-    tag: &str,
-    got: &[f32],
-    x: &[f32],
-    w: &[f32],
-    b: Option<&[f32]>,
-    (n, d_in, d_out): (usize, usize, usize),
-) {
+fn check(tag: &str, got: &[f32], x: &[f32], w: &[f32], b: Option<&[f32]>, (n, d_in, d_out): (usize, usize, usize)) {
     let want = cpu::linear(x, w, b, n, d_in, d_out);
     let b_abs = b.map(abs);
     let mag = cpu::linear(&abs(x), &abs(w), b_abs.as_deref(), n, d_in, d_out);
@@ -35,12 +28,7 @@ fn check(
     for (i, ((&g, &r), &m)) in got.iter().zip(&want).zip(&mag).enumerate() {
         let err = (f64::from(g) - r).abs();
         let bound = 1e-5 * m + 1e-7;
-        assert!(
-            err <= bound,
-            "{tag}: y[{}, {}] = {g}, want {r}, |err| {err:e} > {bound:e}",
-            i / d_out,
-            i % d_out
-        );
+        assert!(err <= bound, "{tag}: y[{}, {}] = {g}, want {r}, |err| {err:e} > {bound:e}", i / d_out, i % d_out);
     }
 }
 
@@ -50,12 +38,9 @@ fn run_case(n: usize, d_in: usize, d_out: usize, with_bias: bool, seed: u64) {
     let x = rng.vec(n * d_in, 1.0);
     let w = rng.vec(d_in * d_out, 0.5);
     let b = with_bias.then(|| rng.vec(d_out, 2.0));
-    let out = linear(
-        f2(x.clone(), [n, d_in], &dev),
-        f2(w.clone(), [d_in, d_out], &dev),
-        b.clone().map(|b| f1(b, &dev)),
-    )
-    .expect("valid shapes");
+    let out =
+        linear(f2(x.clone(), [n, d_in], &dev), f2(w.clone(), [d_in, d_out], &dev), b.clone().map(|b| f1(b, &dev)))
+            .expect("valid shapes");
     assert_eq!(out.dims(), [n, d_out]);
     let tag = format!("n {n} d_in {d_in} d_out {d_out} bias {with_bias}");
     check(&tag, &read(out), &x, &w, b.as_deref(), (n, d_in, d_out));
@@ -79,10 +64,7 @@ proptest! {
 
 #[test]
 fn smollm2_shapes() {
-    for (i, &(d_in, d_out)) in [(576, 576), (576, 192), (576, 1536), (1536, 576)]
-        .iter()
-        .enumerate()
-    {
+    for (i, &(d_in, d_out)) in [(576, 576), (576, 192), (576, 1536), (1536, 576)].iter().enumerate() {
         for n in [1, 2, 4, 7] {
             run_case(n, d_in, d_out, i % 2 == 0, 100 + n as u64);
         }
@@ -110,12 +92,7 @@ fn hand_computed() {
     .unwrap();
     assert_eq!(read(out), vec![9.5, 12.0, 14.0, -0.5, 1.0, 2.0]);
     // vec4 path, no bias: x = [2], W = [[1, 2, 3, 4]]
-    let out = linear(
-        f2(vec![2.0], [1, 1], &dev),
-        f2(vec![1.0, 2.0, 3.0, 4.0], [1, 4], &dev),
-        None,
-    )
-    .unwrap();
+    let out = linear(f2(vec![2.0], [1, 1], &dev), f2(vec![1.0, 2.0, 3.0, 4.0], [1, 4], &dev), None).unwrap();
     assert_eq!(read(out), vec![2.0, 4.0, 6.0, 8.0]);
 }
 
@@ -136,22 +113,11 @@ fn views_are_read_as_their_logical_layout() {
     }
     let w_view = f2(wt, [d_out, d_in], &dev).transpose();
     // x as rows 1..=3 of a larger tensor, bias as a slice
-    let x_big = f2(
-        [rng.vec(d_in, 1.0), x.clone(), rng.vec(d_in, 1.0)].concat(),
-        [n + 2, d_in],
-        &dev,
-    );
+    let x_big = f2([rng.vec(d_in, 1.0), x.clone(), rng.vec(d_in, 1.0)].concat(), [n + 2, d_in], &dev);
     let x_view = x_big.slice([1..n + 1, 0..d_in]);
     let b_view = f1(b.clone(), &dev).narrow(0, 1, d_out);
     let out = linear(x_view, w_view, Some(b_view)).unwrap();
-    check(
-        "views",
-        &read(out),
-        &x,
-        &w,
-        Some(&b[1..d_out + 1]),
-        (n, d_in, d_out),
-    );
+    check("views", &read(out), &x, &w, Some(&b[1..d_out + 1]), (n, d_in, d_out));
 }
 
 #[test]
@@ -161,49 +127,27 @@ fn bad_arguments_are_refused() {
     let w = f2(vec![0.0; 12], [4, 3], &dev);
     assert!(matches!(
         linear(x.clone(), f2(vec![0.0; 15], [5, 3], &dev), None),
-        Err(KernelError::Shape {
-            tensor: "weight",
-            ..
-        })
+        Err(KernelError::Shape { tensor: "weight", .. })
     ));
     assert_eq!(
         linear(x.clone(), w.clone(), Some(f1(vec![0.0; 4], &dev))).unwrap_err(),
-        KernelError::Shape {
-            tensor: "bias",
-            expected: vec![3],
-            got: vec![4]
-        }
+        KernelError::Shape { tensor: "bias", expected: vec![3], got: vec![4] }
     );
     assert_eq!(
         linear(f2(vec![], [0, 4], &dev), w.clone(), None).unwrap_err(),
         KernelError::Empty { what: "rows of x" }
     );
-    assert_eq!(
-        linear(x.clone(), f2(vec![], [4, 0], &dev), None).unwrap_err(),
-        KernelError::Empty { what: "d_out" }
-    );
+    assert_eq!(linear(x.clone(), f2(vec![], [4, 0], &dev), None).unwrap_err(), KernelError::Empty { what: "d_out" });
     // more vec4 column workgroups than one dispatch dimension takes
     let cols = 65_536 * 64 * 4;
     let too_wide: Tensor<2> = Tensor::empty([1, cols], &dev);
     assert_eq!(
         linear(f2(vec![0.0], [1, 1], &dev), too_wide, None).unwrap_err(),
-        KernelError::TooLarge {
-            what: "output column workgroups",
-            value: 65_536
-        }
+        KernelError::TooLarge { what: "output column workgroups", value: 65_536 }
     );
     let cpu = Device::flex();
     let w_cpu: Tensor<2> = Tensor::from_data(TensorData::new(vec![0.0f32; 12], [4, 3]), &cpu);
-    assert!(matches!(
-        linear(x.clone(), w_cpu, None),
-        Err(KernelError::Device {
-            tensor: "weight",
-            ..
-        })
-    ));
+    assert!(matches!(linear(x.clone(), w_cpu, None), Err(KernelError::Device { tensor: "weight", .. })));
     let x_cpu: Tensor<2> = Tensor::from_data(TensorData::new(vec![0.0f32; 8], [2, 4]), &cpu);
-    assert!(matches!(
-        linear(x_cpu, w, None),
-        Err(KernelError::Device { tensor: "x", .. })
-    ));
+    assert!(matches!(linear(x_cpu, w, None), Err(KernelError::Device { tensor: "x", .. })));
 }

@@ -27,14 +27,8 @@ fn hand_computed_groups() {
     let dev = device();
     // 4 query heads onto 2 KV heads, 2 positions
     let x = f2(vec![1.0, -2.0, 3.0, 0.0, 5.0, 5.0, -1.0, 7.0], [4, 2], &dev);
-    assert_eq!(
-        read(reduce_groups(&x, 2, Reduce::Mean).unwrap()),
-        [2.0, -1.0, 2.0, 6.0]
-    );
-    assert_eq!(
-        read(reduce_groups(&x, 2, Reduce::Max).unwrap()),
-        [3.0, 0.0, 5.0, 7.0]
-    );
+    assert_eq!(read(reduce_groups(&x, 2, Reduce::Mean).unwrap()), [2.0, -1.0, 2.0, 6.0]);
+    assert_eq!(read(reduce_groups(&x, 2, Reduce::Max).unwrap()), [3.0, 0.0, 5.0, 7.0]);
 }
 
 proptest! {

@@ -11,10 +11,7 @@ fn every_entry_point_validates_and_translates() {
     for r in &reports {
         let t = &r.translations;
         assert!(t.spirv_words > 5, "{r:?}");
-        assert!(
-            t.msl_chars > 0 && t.hlsl_chars > 0 && t.glsl_chars > 0,
-            "{r:?}"
-        );
+        assert!(t.msl_chars > 0 && t.hlsl_chars > 0 && t.glsl_chars > 0, "{r:?}");
     }
 }
 
@@ -23,30 +20,13 @@ fn rendered_entry_point_is_main_with_the_dispatch_workgroup_size() {
     for family in Family::ALL {
         for &entry in family.entries() {
             let source = shader::render(family, entry);
-            assert!(
-                !source.contains("{{"),
-                "{family:?}/{entry}: unfilled placeholder"
-            );
+            assert!(!source.contains("{{"), "{family:?}/{entry}: unfilled placeholder");
             let module = naga::front::wgsl::parse_str(&source).expect("parses");
-            let computes: Vec<_> = module
-                .entry_points
-                .iter()
-                .filter(|e| e.stage == naga::ShaderStage::Compute)
-                .collect();
-            assert_eq!(
-                computes.len(),
-                family.entries().len(),
-                "{family:?}: every entry point stays in the module"
-            );
-            let main = computes
-                .iter()
-                .find(|e| e.name == "main")
-                .expect("an entry point named main");
-            assert_eq!(
-                main.workgroup_size,
-                [family.workgroup(entry), 1, 1],
-                "{family:?}/{entry}"
-            );
+            let computes: Vec<_> =
+                module.entry_points.iter().filter(|e| e.stage == naga::ShaderStage::Compute).collect();
+            assert_eq!(computes.len(), family.entries().len(), "{family:?}: every entry point stays in the module");
+            let main = computes.iter().find(|e| e.name == "main").expect("an entry point named main");
+            assert_eq!(main.workgroup_size, [family.workgroup(entry), 1, 1], "{family:?}/{entry}");
         }
     }
 }

@@ -11,16 +11,7 @@ use proptest::prelude::*;
 use crate::common::{Rng, assert_close, device, f3, read};
 
 #[allow(clippy::too_many_arguments)]
-fn run_case(
-    kv_heads: usize,
-    group: usize,
-    d: usize,
-    n: usize,
-    extra_cap: usize,
-    w: usize,
-    amplitude: f32,
-    seed: u64,
-) {
+fn run_case(kv_heads: usize, group: usize, d: usize, n: usize, extra_cap: usize, w: usize, amplitude: f32, seed: u64) {
     let dev = device();
     let heads = kv_heads * group;
     let cap = n + extra_cap;
@@ -30,10 +21,7 @@ fn run_case(
     let v = rng.vec(kv_heads * cap * d, 1.0);
     let want = cpu::window_stats(&q, &k, &v, heads, kv_heads, w, cap, n, d);
 
-    let request = StatsRequest {
-        value_norm: true,
-        projection: true,
-    };
+    let request = StatsRequest { value_norm: true, projection: true };
     let got = window_stats(
         &f3(q, [heads, w, d], &dev),
         &f3(k, [kv_heads, cap, d], &dev),
@@ -44,55 +32,13 @@ fn run_case(
     .expect("valid shapes");
     let tag = format!("kv_heads {kv_heads} g {group} d {d} n {n} cap {cap} w {w}");
     assert_eq!(got.mean.dims(), [heads, n]);
-    assert_close(
-        &format!("mean ({tag})"),
-        &read(got.mean),
-        &want.mean,
-        1e-4,
-        1e-5,
-    );
-    assert_close(
-        &format!("variance ({tag})"),
-        &read(got.variance),
-        &want.variance,
-        1e-3,
-        1e-5,
-    );
-    assert_close(
-        &format!("last ({tag})"),
-        &read(got.last),
-        &want.last,
-        1e-4,
-        1e-5,
-    );
-    assert_close(
-        &format!("value_norm ({tag})"),
-        &read(got.value_norm.unwrap()),
-        &want.value_norm,
-        1e-4,
-        1e-5,
-    );
-    assert_close(
-        &format!("projection ({tag})"),
-        &read(got.projection.unwrap()),
-        &want.projection,
-        1e-4,
-        1e-5,
-    );
-    assert_close(
-        &format!("entropy ({tag})"),
-        &read(got.entropy),
-        &want.entropy,
-        1e-4,
-        1e-5,
-    );
-    assert_close(
-        &format!("column_variance ({tag})"),
-        &read(got.column_variance),
-        &want.column_variance,
-        1e-4,
-        1e-5,
-    );
+    assert_close(&format!("mean ({tag})"), &read(got.mean), &want.mean, 1e-4, 1e-5);
+    assert_close(&format!("variance ({tag})"), &read(got.variance), &want.variance, 1e-3, 1e-5);
+    assert_close(&format!("last ({tag})"), &read(got.last), &want.last, 1e-4, 1e-5);
+    assert_close(&format!("value_norm ({tag})"), &read(got.value_norm.unwrap()), &want.value_norm, 1e-4, 1e-5);
+    assert_close(&format!("projection ({tag})"), &read(got.projection.unwrap()), &want.projection, 1e-4, 1e-5);
+    assert_close(&format!("entropy ({tag})"), &read(got.entropy), &want.entropy, 1e-4, 1e-5);
+    assert_close(&format!("column_variance ({tag})"), &read(got.column_variance), &want.column_variance, 1e-4, 1e-5);
 }
 
 proptest! {
@@ -134,60 +80,22 @@ fn hand_computed_uniform_scores() {
     let q = f3(vec![0.0, 0.0], [1, 2, 1], &dev);
     let k = f3(vec![0.3, -0.7, 0.1], [1, 3, 1], &dev);
     let v = f3(vec![1.0, 2.0, 3.0], [1, 3, 1], &dev);
-    let s = window_stats(
-        &q,
-        &k,
-        &v,
-        3,
-        StatsRequest {
-            value_norm: true,
-            projection: true,
-        },
-    )
-    .unwrap();
+    let s = window_stats(&q, &k, &v, 3, StatsRequest { value_norm: true, projection: true }).unwrap();
     let third = 1.0 / 3.0;
     let mean = [(0.5 + third) / 2.0, (0.5 + third) / 2.0, third / 2.0];
     // unbiased over two queries: (a0 − a1)² / 2
-    let var = [
-        (0.5 - third) * (0.5 - third) / 2.0,
-        (0.5 - third) * (0.5 - third) / 2.0,
-        third * third / 2.0,
-    ];
+    let var = [(0.5 - third) * (0.5 - third) / 2.0, (0.5 - third) * (0.5 - third) / 2.0, third * third / 2.0];
     assert_close("mean", &read(s.mean), &mean, 1e-5, 1e-6);
     assert_close("variance", &read(s.variance), &var, 1e-4, 1e-6);
     assert_close("last", &read(s.last), &[third, third, third], 1e-5, 1e-6);
     // ‖v_j‖ = 1, 2, 3
-    assert_close(
-        "value_norm",
-        &read(s.value_norm.unwrap()),
-        &[mean[0], 2.0 * mean[1], 3.0 * mean[2]],
-        1e-5,
-        1e-6,
-    );
+    assert_close("value_norm", &read(s.value_norm.unwrap()), &[mean[0], 2.0 * mean[1], 3.0 * mean[2]], 1e-5, 1e-6);
     // o_0 = 1.5, o_1 = 2: both directions +1, so the projection is mean_q a_qj v_j as well
-    assert_close(
-        "projection",
-        &read(s.projection.unwrap()),
-        &[mean[0], 2.0 * mean[1], 3.0 * mean[2]],
-        1e-5,
-        1e-6,
-    );
+    assert_close("projection", &read(s.projection.unwrap()), &[mean[0], 2.0 * mean[1], 3.0 * mean[2]], 1e-5, 1e-6);
     // prefix = key 0 only
     let h = |a: f64| -a * (a + 1e-10).ln();
-    assert_close(
-        "entropy",
-        &read(s.entropy),
-        &[(h(0.5) + h(third)) / 2.0],
-        1e-5,
-        1e-6,
-    );
-    assert_close(
-        "column_variance",
-        &read(s.column_variance),
-        &[var[0]],
-        1e-4,
-        1e-6,
-    );
+    assert_close("entropy", &read(s.entropy), &[(h(0.5) + h(third)) / 2.0], 1e-5, 1e-6);
+    assert_close("column_variance", &read(s.column_variance), &[var[0]], 1e-4, 1e-6);
 }
 
 #[test]
@@ -202,10 +110,7 @@ fn optional_terms_absent_unless_requested() {
     // Each window query's weights sum to one, so the mean weights of a head sum to one too.
     let mean = read(s.mean);
     for h in 0..2 {
-        let total: f64 = mean[h * 70..(h + 1) * 70]
-            .iter()
-            .map(|&x| f64::from(x))
-            .sum();
+        let total: f64 = mean[h * 70..(h + 1) * 70].iter().map(|&x| f64::from(x)).sum();
         assert!((total - 1.0).abs() < 1e-4, "head {h}: Σ mean = {total}");
     }
 }

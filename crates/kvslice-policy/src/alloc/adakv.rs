@@ -13,11 +13,11 @@
 //! `⌊α·B⌋` (at least 1) tokens, the rest of `H_kv·B` goes to the best remaining scores of the layer.
 //! The layer budgets come from a wrapped allocator (uniform by default).
 
-use crate::alloc::{round_half_even, Allocation, Allocator, LayerScores, Uniform};
+use crate::alloc::{Allocation, Allocator, LayerScores, Uniform, round_half_even};
 use crate::budget::ResolvedBudget;
 use crate::error::Result;
 use crate::scorer::param;
-use crate::select::{ranked, Protect};
+use crate::select::{Protect, ranked};
 use crate::stats::Scores;
 
 /// How Ada-KV turns counts into per-head budgets.

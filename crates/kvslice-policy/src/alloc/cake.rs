@@ -16,7 +16,7 @@
 //! change, so trimming a top-k set to a smaller top-k gives the same set as one eviction with the
 //! final budgets (the paper's Theorem 1, tested).
 
-use crate::alloc::{common_len, Allocation, Allocator, LayerScores};
+use crate::alloc::{Allocation, Allocator, LayerScores, common_len};
 use crate::budget::ResolvedBudget;
 use crate::error::Result;
 use crate::scorer::param;
@@ -173,7 +173,15 @@ impl CakeCascade {
         if per_layer < window {
             return Err(crate::error::PolicyError::BudgetBelowProtected { budget: per_layer, protected: window });
         }
-        Ok(CakeCascade { cake, layers, len, window, total: (per_layer - window) * layers, prefs: Vec::new(), budgets: Vec::new() })
+        Ok(CakeCascade {
+            cake,
+            layers,
+            len,
+            window,
+            total: (per_layer - window) * layers,
+            prefs: Vec::new(),
+            budgets: Vec::new(),
+        })
     }
 
     /// Adds the next layer's statistics and returns the kept-token budgets (window included) of

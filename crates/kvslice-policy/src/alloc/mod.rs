@@ -6,7 +6,7 @@ use std::fmt::Debug;
 
 use crate::budget::ResolvedBudget;
 use crate::error::{PolicyError, Result};
-use crate::select::{select_heads, Protect};
+use crate::select::{Protect, select_heads};
 use crate::stats::{Scores, WindowStats};
 
 pub mod adakv;
@@ -15,7 +15,7 @@ pub mod pyramid;
 pub mod uniform;
 
 pub use adakv::{AdaKv, AdaMode};
-pub use cake::{adjust_budgets, Cake, CakeCascade};
+pub use cake::{Cake, CakeCascade, adjust_budgets};
 pub use pyramid::PyramidKv;
 pub use uniform::Uniform;
 
@@ -61,12 +61,20 @@ pub trait Allocator: Debug + Send + Sync {
 /// Checks that all layers share one prompt length and returns it with the layer count.
 pub(crate) fn common_len(layers: &[LayerScores<'_>], budget: &ResolvedBudget) -> Result<usize> {
     if layers.len() != budget.layers {
-        return Err(PolicyError::ShapeMismatch { what: "layers in the budget", expected: budget.layers, got: layers.len() });
+        return Err(PolicyError::ShapeMismatch {
+            what: "layers in the budget",
+            expected: budget.layers,
+            got: layers.len(),
+        });
     }
     let n = layers.first().map_or(0, |l| l.scores.len);
     for l in layers {
         if l.scores.len != n {
-            return Err(PolicyError::ShapeMismatch { what: "prompt length across layers", expected: n, got: l.scores.len });
+            return Err(PolicyError::ShapeMismatch {
+                what: "prompt length across layers",
+                expected: n,
+                got: l.scores.len,
+            });
         }
         if l.stats.len != n {
             return Err(PolicyError::ShapeMismatch { what: "statistics length", expected: n, got: l.stats.len });

@@ -9,7 +9,7 @@
 //! `round(max − l·(max − min)/(L − 1))` (round half to even). Default `β = 20`.
 //! The rounded budgets sum to `L·B` within `L/2`.
 
-use crate::alloc::{common_len, round_half_even, Allocation, Allocator, LayerScores};
+use crate::alloc::{Allocation, Allocator, LayerScores, common_len, round_half_even};
 use crate::budget::ResolvedBudget;
 use crate::error::Result;
 use crate::scorer::param;

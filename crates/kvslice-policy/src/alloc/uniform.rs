@@ -1,6 +1,6 @@
 //! The uniform split: every layer and KV head keeps `budget.per_layer` tokens.
 
-use crate::alloc::{common_len, Allocation, Allocator, LayerScores};
+use crate::alloc::{Allocation, Allocator, LayerScores, common_len};
 use crate::budget::ResolvedBudget;
 use crate::error::Result;
 use crate::select::Protect;

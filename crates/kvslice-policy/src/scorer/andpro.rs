@@ -10,7 +10,7 @@
 
 use crate::error::Result;
 use crate::pool::Pooling;
-use crate::scorer::{check_window, param, pooled_prefix, Scorer};
+use crate::scorer::{Scorer, check_window, param, pooled_prefix};
 use crate::select::Protect;
 use crate::stats::{GroupReduce, Needs, ScoreInput, Scores};
 

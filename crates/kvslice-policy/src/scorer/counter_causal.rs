@@ -15,7 +15,7 @@
 use crate::error::Result;
 use crate::scorer::Scorer;
 use crate::select::Protect;
-use crate::stats::{reduce_groups, GroupReduce, Needs, ScoreInput, Scores};
+use crate::stats::{GroupReduce, Needs, ScoreInput, Scores, reduce_groups};
 
 /// The pass the runtime runs to fill [`crate::WindowStats::counter_causal`].
 pub trait CounterCausalPass {
@@ -73,7 +73,8 @@ impl Scorer for CounterCausal {
         s.validate()?;
         let sums = input.optional("counter-causal", "window statistic `counter_causal`", &s.counter_causal)?;
         let n = s.len;
-        let table: Vec<f32> = sums.iter().enumerate().map(|(i, &c)| (f64::from(c) / (i % n + 1) as f64) as f32).collect();
+        let table: Vec<f32> =
+            sums.iter().enumerate().map(|(i, &c)| (f64::from(c) / (i % n + 1) as f64) as f32).collect();
         reduce_groups(&table, s.heads, s.kv_heads, n, GroupReduce::Mean)
     }
 }

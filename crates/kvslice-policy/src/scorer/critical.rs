@@ -14,9 +14,9 @@
 //! among them arbitrarily and may drop some).
 
 use crate::error::{PolicyError, Result};
-use crate::scorer::{param, Scorer};
-use crate::select::{ranked, Protect};
-use crate::stats::{reduce_groups, GroupReduce, Needs, ScoreInput, Scores};
+use crate::scorer::{Scorer, param};
+use crate::select::{Protect, ranked};
+use crate::stats::{GroupReduce, Needs, ScoreInput, Scores, reduce_groups};
 
 /// Two-stage selection with output-projected value norms.
 #[derive(Debug)]
@@ -68,7 +68,9 @@ impl Scorer for CriticalKv {
         let base = self.inner.score(input)?;
         let proj = input
             .value_proj_l1
-            .ok_or(PolicyError::MissingInput { method: "critical", input: "value_proj_l1 (‖v·W_o‖₁ per head)" })?;
+            .ok_or(PolicyError::MissingInput {
+                method: "critical", input: "value_proj_l1 (‖v·W_o‖₁ per head)"
+            })?;
         let proj = reduce_groups(proj, s.heads, s.kv_heads, s.len, GroupReduce::Mean)?;
         let n = base.len;
         let protect = self.inner.protect(input.budget);

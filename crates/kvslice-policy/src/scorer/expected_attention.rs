@@ -12,7 +12,7 @@
 //! value norm on, `ε = 0`.
 
 use crate::error::{PolicyError, Result};
-use crate::scorer::{param, Scorer};
+use crate::scorer::{Scorer, param};
 use crate::select::Protect;
 use crate::stats::{Needs, ScoreInput, Scores};
 
@@ -99,7 +99,14 @@ pub struct ExpectedAttention {
 impl ExpectedAttention {
     /// kvpress's defaults with the model's RoPE.
     pub fn new(rope: Rope) -> Self {
-        ExpectedAttention { rope, n_future_positions: 512, n_sink: 4, use_covariance: true, use_vnorm: true, epsilon: 0.0 }
+        ExpectedAttention {
+            rope,
+            n_future_positions: 512,
+            n_sink: 4,
+            use_covariance: true,
+            use_vnorm: true,
+            epsilon: 0.0,
+        }
     }
 
     /// All parameters.
@@ -115,7 +122,11 @@ impl ExpectedAttention {
             return Err(param("expected-attention", "n_future_positions", "must be at least 1"));
         }
         if !(epsilon.is_finite() && epsilon >= 0.0) {
-            return Err(param("expected-attention", "epsilon", format!("must be finite and non-negative, got {epsilon}")));
+            return Err(param(
+                "expected-attention",
+                "epsilon",
+                format!("must be finite and non-negative, got {epsilon}"),
+            ));
         }
         Ok(ExpectedAttention { rope, n_future_positions, n_sink, use_covariance, use_vnorm, epsilon })
     }
@@ -146,7 +157,11 @@ impl Scorer for ExpectedAttention {
         qm.validate()?;
         let d = kv.head_dim;
         if qm.head_dim != d || self.rope.head_dim() != d {
-            return Err(PolicyError::ShapeMismatch { what: "head_dim of query moments / RoPE", expected: d, got: qm.head_dim });
+            return Err(PolicyError::ShapeMismatch {
+                what: "head_dim of query moments / RoPE",
+                expected: d,
+                got: qm.head_dim,
+            });
         }
         let heads = qm.heads;
         if heads % kv.kv_heads != 0 {
@@ -162,9 +177,8 @@ impl Scorer for ExpectedAttention {
         let mut out = Scores::zeros(kv.kv_heads, n);
         for h in 0..heads {
             // μ̄ = R̄ μ, Σ̄ = R̄ Σ R̄ᵀ
-            let mu: Vec<f64> = (0..d)
-                .map(|a| (0..d).map(|b| r[a * d + b] * f64::from(qm.mean[h * d + b])).sum())
-                .collect();
+            let mu: Vec<f64> =
+                (0..d).map(|a| (0..d).map(|b| r[a * d + b] * f64::from(qm.mean[h * d + b])).sum()).collect();
             let cov = if self.use_covariance {
                 let c = |a: usize, b: usize| f64::from(qm.cov[(h * d + a) * d + b]);
                 let mut rc = vec![0f64; d * d];

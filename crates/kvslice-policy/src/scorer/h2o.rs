@@ -7,9 +7,9 @@
 //! the sum divided by the number of queries that see `j` (`n − j`), no recent window.
 
 use crate::error::Result;
-use crate::scorer::{param, Scorer};
+use crate::scorer::{Scorer, param};
 use crate::select::Protect;
-use crate::stats::{reduce_groups, GroupReduce, Needs, ScoreInput, Scores};
+use crate::stats::{GroupReduce, Needs, ScoreInput, Scores, reduce_groups};
 
 /// Accumulated-attention heavy hitters.
 #[derive(Debug, Clone, PartialEq)]

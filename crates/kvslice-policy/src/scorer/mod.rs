@@ -6,7 +6,7 @@ use std::fmt::Debug;
 use crate::error::{PolicyError, Result};
 use crate::pool::Pooling;
 use crate::select::Protect;
-use crate::stats::{reduce_groups, GroupReduce, Needs, ScoreInput, Scores, WindowStats};
+use crate::stats::{GroupReduce, Needs, ScoreInput, Scores, WindowStats, reduce_groups};
 
 pub mod andpro;
 pub mod cake;
@@ -59,7 +59,12 @@ pub(crate) fn check_window(stats: &WindowStats, window: usize) -> Result<()> {
 /// The SnapKV-style pipeline shared by window-statistic scorers: per query head, pool the
 /// `table` over the prefix `[0, n−w)` only, then reduce each GQA group to its KV head.
 /// Window positions (always protected) score 0.
-pub(crate) fn pooled_prefix(stats: &WindowStats, table: &[f32], pooling: Pooling, reduce: GroupReduce) -> Result<Scores> {
+pub(crate) fn pooled_prefix(
+    stats: &WindowStats,
+    table: &[f32],
+    pooling: Pooling,
+    reduce: GroupReduce,
+) -> Result<Scores> {
     let n = stats.len;
     let p = stats.prefix_len();
     let mut pooled = vec![0f32; stats.heads * n];

@@ -5,7 +5,7 @@
 //! kept (as kvpress's `TOVAPress` does).
 
 use crate::error::Result;
-use crate::scorer::{check_window, Scorer};
+use crate::scorer::{Scorer, check_window};
 use crate::select::Protect;
 use crate::stats::{Needs, ScoreInput, Scores};
 
