@@ -9,5 +9,5 @@ KV=target/debug/kvslice
 $KV fetch
 echo "== chat =="
 $KV generate -v --chat --prompt "What is the capital of France? Answer in one sentence." --max-new-tokens 48
-echo "== long context =="
-$KV generate --chat --prompt "$(python3 scripts/long_prompt.py)" --max-new-tokens 24
+echo "== long context (~2,300 tokens; a hardware GPU through wgpu, else the CPU backend) =="
+$KV generate -v --device auto --chat --prompt "$(python3 scripts/long_prompt.py)" --max-new-tokens 24

@@ -6,10 +6,12 @@ cd "$(dirname "$0")/../.."
 cargo build --locked -p kvslice-cli
 KV=target/debug/kvslice
 MODEL=$($KV fetch)
-ARGS="--prefill 512,2048 --decode-depth 16,4096 --decode-steps 16"
-echo "## kvslice, wgpu"; $KV bench -v $ARGS --device wgpu 2>&1 | grep -v XDG_RUNTIME_DIR
-echo "## kvslice, cpu"; $KV bench -v $ARGS --device cpu
+echo "## kvslice, wgpu"
+$KV bench -v --prefill 128,512 --decode-depth 16,1024 --decode-steps 16 --device wgpu
+echo "## kvslice, cpu"
+$KV bench -v --prefill 128,512,2048 --decode-depth 16,1024,4096 --decode-steps 16 --device cpu
 if [ -n "${1:-}" ]; then
     echo "## HF transformers, cpu, fp32, 1 thread"
-    HF_HUB_OFFLINE=1 "$1" scripts/bench/hf_reference.py "$MODEL" --threads 1
+    HF_HUB_OFFLINE=1 "$1" scripts/bench/hf_reference.py "$MODEL" --threads 1 \
+        --prefill 128,512,2048 --decode-depth 16,1024,4096
 fi

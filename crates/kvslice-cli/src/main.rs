@@ -29,7 +29,8 @@ struct ModelArgs {
     /// An HF model folder or a .gguf file; default: the fetched SmolLM2-135M-Instruct.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// `wgpu` (default; `wgpu:vulkan|metal|dx12|gl` pins the API) or `cpu`.
+    /// `wgpu` (default; `wgpu:vulkan|metal|dx12|gl` pins the API), `cpu`, or `auto` (wgpu on a
+    /// hardware adapter, else the CPU backend).
     #[arg(long, default_value = "wgpu")]
     device: String,
 }

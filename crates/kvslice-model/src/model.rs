@@ -266,11 +266,10 @@ impl Llama {
         let mask = attention_mask(stored, positions, &self.device);
 
         let scale = 1.0 / (d as f64).sqrt();
-        // [heads, n, d] → [kv_heads, group * n, d]: head h reads KV head h / group.
-        let q = q.reshape([kv_heads, group * n, d]);
         let keys_t = keys.swap_dims(1, 2); // [kv_heads, d, len]
         let rows_per_chunk = (MAX_SCORE_ELEMS / (heads * len).max(1)).clamp(1, n);
         let mut outputs = Vec::with_capacity(n.div_ceil(rows_per_chunk));
+        // [heads, n, d] → [kv_heads, group, n, d]: head h reads KV head h / group.
         let q = q.reshape([kv_heads, group, n, d]);
         let mut start = 0;
         while start < n {

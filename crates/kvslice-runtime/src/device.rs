@@ -9,13 +9,16 @@ use crate::error::{Result, RuntimeError};
 /// Which device to run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DeviceChoice {
-    /// wgpu on the given graphics API (`Auto` lets wgpu pick).
+    /// wgpu, adapter and graphics API chosen automatically.
     #[default]
     Wgpu,
     /// wgpu pinned to one graphics API.
     WgpuApi(GraphicsApi),
     /// Burn's pure-Rust CPU backend (the reference).
     Cpu,
+    /// wgpu on a hardware adapter; Burn's CPU backend when the only adapter is a software
+    /// rasteriser (lavapipe, SwiftShader), which the CPU backend outruns.
+    Auto,
 }
 
 /// Graphics APIs wgpu can run kvslice's WGSL on.
@@ -48,7 +51,8 @@ impl std::str::FromStr for DeviceChoice {
             })
         };
         match s.to_ascii_lowercase().as_str() {
-            "wgpu" | "gpu" | "auto" => Ok(DeviceChoice::Wgpu),
+            "wgpu" | "gpu" => Ok(DeviceChoice::Wgpu),
+            "auto" => Ok(DeviceChoice::Auto),
             "cpu" | "flex" => Ok(DeviceChoice::Cpu),
             other => match other.strip_prefix("wgpu:") {
                 Some(name) => Ok(DeviceChoice::WgpuApi(api(name)?)),
@@ -119,6 +123,10 @@ pub async fn init_device(choice: DeviceChoice) -> Result<(Device, DeviceInfo)> {
         }
     }
     match choice {
+        DeviceChoice::Auto => match Box::pin(init_device(DeviceChoice::Wgpu)).await {
+            Ok((device, info)) if info.device_type != "Cpu" => Ok((device, info)),
+            _ => Box::pin(init_device(DeviceChoice::Cpu)).await,
+        },
         DeviceChoice::Cpu => Ok((
             Device::flex(),
             DeviceInfo {
