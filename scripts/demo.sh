@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-system.sh
 cargo build --locked -p kvslice-cli
-KV=target/debug/kvslice
+KV="cargo run --locked -q -p kvslice-cli --"
 $KV fetch
 echo "== chat =="
 $KV generate -v --chat --prompt "What is the capital of France? Answer in one sentence." --max-new-tokens 48

@@ -9,7 +9,7 @@ rustup target list --installed | grep -q wasm32-unknown-unknown || rustup target
 # One build of the whole workspace (tests, the CLI binary) in the dev profile.
 cargo test --locked --workspace --no-run
 # The default model, through the CLI (tests compare it against committed golden data).
-target/debug/kvslice fetch
+cargo run --locked -q -p kvslice-cli -- fetch
 
 cargo test --locked --workspace --no-fail-fast
 

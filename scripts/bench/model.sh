@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cargo build --locked -p kvslice-cli
-KV=target/debug/kvslice
+KV="cargo run --locked -q -p kvslice-cli --"
 MODEL=$($KV fetch)
 echo "## kvslice, wgpu"
 $KV bench -v --prefill 128,512 --decode-depth 16,1024 --decode-steps 16 --device wgpu
