@@ -32,7 +32,8 @@ fn committed_suites_regenerate_and_fit() {
     let tokenizer = load_tokenizer(&cache_dir().join("models/SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
     let corpus = Corpus::load(&kvslice_eval::fetch_kjv(&cache_dir(), false, true).unwrap()).unwrap();
     let count = |t: &str| count_plain(&tokenizer, t).unwrap();
-    let runs: [(&str, &[Kind], &[usize], &[u32]); 2] = [
+    type Run<'a> = (&'a str, &'a [Kind], &'a [usize], &'a [u32]);
+    let runs: [Run; 2] = [
         ("retrieval-18.jsonl", &[Kind::NiahSingle], &[2048, 3072, 4096, 5120, 6144, 7168], &[25, 50, 75]),
         ("smoke.jsonl", &[Kind::Passkey, Kind::NiahMultiKey, Kind::VariableTracking], &[300], &[50]),
     ];
