@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use burn::tensor::Device;
+use kvslice_formats::{ModelConfig, SafetensorsWeights};
 use kvslice_runtime::{DeviceChoice, init_device};
 
 /// The repository's `tests/golden` folder.
@@ -48,4 +49,25 @@ pub fn default_model() -> PathBuf {
 /// `[a, b, ...]` of a JSON array of integers.
 pub fn ids(v: &serde_json::Value) -> Vec<u32> {
     v.as_array().expect("array").iter().map(|x| x.as_u64().expect("integer") as u32).collect()
+}
+
+/// The weights of the tiny seeded model `tests/golden/tiny/<name>` (HF safetensors folder,
+/// sharded or not).
+pub fn tiny_hf_weights(name: &str) -> SafetensorsWeights<Vec<u8>> {
+    let dir = golden_dir().join("tiny").join(name);
+    let config = ModelConfig::from_hf_json(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    let index = dir.join("model.safetensors.index.json");
+    let files = if index.is_file() {
+        kvslice_formats::safetensors_index_files(&std::fs::read(index).unwrap()).unwrap()
+    } else {
+        vec!["model.safetensors".to_string()]
+    };
+    let shards = files
+        .into_iter()
+        .map(|f| {
+            let b = std::fs::read(dir.join(&f)).unwrap();
+            (f, b)
+        })
+        .collect();
+    SafetensorsWeights::new(config, shards).unwrap()
 }

@@ -10,22 +10,7 @@ use kvslice_runtime::Session;
 use kvslice_tests::{cpu, golden_dir, golden_json, ids, wgpu};
 
 fn hf_weights(name: &str) -> SafetensorsWeights<Vec<u8>> {
-    let dir = golden_dir().join("tiny").join(name);
-    let config = ModelConfig::from_hf_json(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
-    let index = dir.join("model.safetensors.index.json");
-    let files = if index.is_file() {
-        kvslice_formats::safetensors_index_files(&std::fs::read(index).unwrap()).unwrap()
-    } else {
-        vec!["model.safetensors".to_string()]
-    };
-    let shards = files
-        .into_iter()
-        .map(|f| {
-            let b = std::fs::read(dir.join(&f)).unwrap();
-            (f, b)
-        })
-        .collect();
-    SafetensorsWeights::new(config, shards).unwrap()
+    kvslice_tests::tiny_hf_weights(name)
 }
 
 fn check(weights: &dyn WeightSource, sequences: &serde_json::Value, device: &Device, label: &str) {

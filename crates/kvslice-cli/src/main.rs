@@ -1,6 +1,8 @@
 //! The `kvslice` command-line tool.
 
 mod bench;
+mod cases;
+mod eval;
 mod fetch;
 
 use std::io::Write;
@@ -8,7 +10,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use kvslice_runtime::{DeviceChoice, GenerateOptions, LoadedModel, Sampler, Session, init_device};
+use kvslice_runtime::{Compression, DeviceChoice, GenerateOptions, LoadedModel, Sampler, Session, init_device};
 
 #[derive(Parser)]
 #[command(
@@ -25,7 +27,7 @@ struct Cli {
 }
 
 #[derive(clap::Args, Clone)]
-struct ModelArgs {
+pub(crate) struct ModelArgs {
     /// An HF model folder or a .gguf file; default: the fetched SmolLM2-135M-Instruct.
     #[arg(long)]
     model: Option<PathBuf>,
@@ -35,6 +37,16 @@ struct ModelArgs {
     device: String,
 }
 
+#[derive(clap::Args, Clone)]
+struct EvictionArgs {
+    /// Eviction policy (`kvslice policies` lists them); default: keep the whole cache.
+    #[arg(long, requires = "budget")]
+    policy: Option<String>,
+    /// KV budget: `10%` of the prompt, `128L` tokens per layer on average, `2048` flat.
+    #[arg(long, requires = "policy")]
+    budget: Option<String>,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Download the default model (SmolLM2-135M-Instruct) into the cache folder.
@@ -42,7 +54,16 @@ enum Command {
         /// Download again even if the model is present.
         #[arg(long)]
         force: bool,
+        /// Also fetch the public-domain corpus that `kvslice cases` draws from (KJV).
+        #[arg(long)]
+        corpus: bool,
     },
+    /// List the eviction policies, one line each with its paper.
+    Policies,
+    /// Write generated retrieval cases (JSON Lines) for `kvslice eval`.
+    Cases(cases::CasesArgs),
+    /// Run retrieval cases with the full cache and under every policy × budget.
+    Eval(eval::EvalArgs),
     /// Generate text from a prompt, streamed to stdout.
     Generate {
         #[command(flatten)]
@@ -61,6 +82,8 @@ enum Command {
         top_p: f32,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        #[command(flatten)]
+        eviction: EvictionArgs,
     },
     /// Print the prompt's token ids and the top-K logits of its last position as JSON.
     Logits {
@@ -85,22 +108,41 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Fetch { force } => {
+        Command::Fetch { force, corpus } => {
             let path = fetch::fetch(force, false)?;
             println!("{}", path.display());
+            if corpus {
+                println!("{}", fetch::fetch_corpus(force, false)?.display());
+            }
             Ok(())
         }
-        Command::Generate { model, prompt, chat, max_new_tokens, temperature, top_p, seed } => {
+        Command::Policies => {
+            print!("{}", kvslice_policy::listing());
+            Ok(())
+        }
+        Command::Cases(args) => cases::run(args),
+        Command::Eval(args) => eval::run(args, cli.verbose),
+        Command::Generate { model, prompt, chat, max_new_tokens, temperature, top_p, seed, eviction } => {
+            let compression = match (&eviction.policy, &eviction.budget) {
+                (Some(p), Some(b)) => Some((p.clone(), b.clone())),
+                _ => None,
+            };
             let loaded = open(&model, cli.verbose)?;
             let sampler = Sampler::new(temperature, top_p, seed).map_err(anyhow::Error::msg)?;
             let ids = loaded.encode_prompt(&prompt, chat)?;
-            let mut session = Session::new(&loaded.model, ids.len() + max_new_tokens)?;
+            let compression = match compression {
+                Some((p, b)) => Some(Compression::new(&p, &b, &Compression::model_info(&loaded.model))?),
+                None => None,
+            };
+            let mut session =
+                Session::new(&loaded.model, if compression.is_some() { 1 } else { ids.len() + max_new_tokens })?;
             let options = GenerateOptions { max_new_tokens, sampler, stop_tokens: loaded.stop_tokens() };
             let mut printed = String::new();
             let mut generated = Vec::new();
             let mut stdout = std::io::stdout();
             let mut stream_err = None;
-            let (_, stats) = pollster::block_on(session.generate(&ids, &options, |token| {
+            let mut report = None;
+            let on_token = |token| {
                 generated.push(token);
                 if options.stop_tokens.contains(&token) {
                     return false;
@@ -123,7 +165,16 @@ fn run(cli: Cli) -> Result<()> {
                     }
                 }
                 true
-            }))?;
+            };
+            let stats = match &compression {
+                None => pollster::block_on(session.generate(&ids, &options, on_token))?.1,
+                Some(c) => {
+                    let (_, _, stats, r) =
+                        pollster::block_on(Session::generate_compressed(&loaded.model, &ids, &options, c, on_token))?;
+                    report = Some(r);
+                    stats
+                }
+            };
             if let Some(e) = stream_err {
                 return Err(e.into());
             }
@@ -135,6 +186,21 @@ fn run(cli: Cli) -> Result<()> {
             }
             println!();
             eprintln!("{stats}");
+            if let (Some(r), Some(c)) = (report, &compression) {
+                eprintln!(
+                    "{}: kept {} of {} KV entries ({:.1}%); KV memory {:.2} MiB instead of {:.2} MiB; planning {:.0} ms, compaction {:.0} ms",
+                    c.label(),
+                    r.kept_entries,
+                    r.prompt_tokens * loaded.model.config.num_layers * loaded.model.config.num_kv_heads,
+                    100.0 * r.kept_entries as f64
+                        / (r.prompt_tokens * loaded.model.config.num_layers * loaded.model.config.num_kv_heads).max(1)
+                            as f64,
+                    r.compressed_bytes as f64 / (1 << 20) as f64,
+                    r.full_bytes as f64 / (1 << 20) as f64,
+                    r.plan_time.as_secs_f64() * 1e3,
+                    r.compact_time.as_secs_f64() * 1e3,
+                );
+            }
             Ok(())
         }
         Command::Logits { model, text, top } => {
@@ -155,7 +221,7 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 /// Opens the model on the chosen device.
-fn open(args: &ModelArgs, verbose: bool) -> Result<LoadedModel> {
+pub(crate) fn open(args: &ModelArgs, verbose: bool) -> Result<LoadedModel> {
     let choice: DeviceChoice = args.device.parse()?;
     let path = match &args.model {
         Some(p) => p.clone(),

@@ -242,7 +242,8 @@ impl Llama {
         let group = heads / kv_heads;
         // [n, heads * d] → [heads, n, d]
         let split = |t: Tensor<2>, h: usize| t.reshape([n, h, d]).swap_dims(0, 1);
-        let q = rotary.apply(split(attn.q_proj.forward_on(x.clone(), self.kernels), heads));
+        let q_raw = split(attn.q_proj.forward_on(x.clone(), self.kernels), heads);
+        let q = rotary.apply(q_raw.clone());
         let k = rotary.apply(split(attn.k_proj.forward_on(x.clone(), self.kernels), kv_heads));
         let v = split(attn.v_proj.forward_on(x, self.kernels), kv_heads);
         cache.append(layer, k, v, positions)?;
@@ -257,7 +258,9 @@ impl Llama {
                 let (keys, values) = stored.storage();
                 let q1 = q.clone().reshape([heads, d]);
                 if let Ok(out) = kvslice_kernels::decode_attention(&q1, keys, values, &lens, None) {
-                    return Ok(attn.o_proj.forward_on(out.reshape([1, heads * d]), self.kernels));
+                    let out = attn.o_proj.forward_on(out.reshape([1, heads * d]), self.kernels);
+                    cache.observe_queries(layer, &q, &q_raw)?;
+                    return Ok(out);
                 }
             }
         }
@@ -289,8 +292,10 @@ impl Llama {
             start += rows;
         }
         let out = if outputs.len() == 1 { outputs.pop().unwrap() } else { Tensor::cat(outputs, 1) };
-        let out = out.swap_dims(0, 1).reshape([n, heads * d]);
-        Ok(attn.o_proj.forward_on(out, self.kernels))
+        let out = attn.o_proj.forward_on(out.swap_dims(0, 1).reshape([n, heads * d]), self.kernels);
+        // [kv_heads, group, n, d] → [heads, n, d]
+        cache.observe_queries(layer, &q.reshape([heads, n, d]), &q_raw)?;
+        Ok(out)
     }
 }
 

@@ -29,7 +29,7 @@ pub use pool::Pooling;
 pub use registry::{Entry, LayerInput, ModelInfo, Plan, Policy, build, listing, lookup, registry};
 pub use scorer::{
     AnDPro, CakeIndicator, CounterCausal, CounterCausalPass, CriticalKv, ExpectedAttention, H2o, Knorm, Rope, Scorer,
-    SnapKv, StreamingLlm, Tova,
+    SnapKv, Span, StreamingLlm, Tova,
 };
 pub use select::{Protect, select_heads, select_top_k};
 pub use stats::{GroupReduce, KvView, Needs, QueryMoments, ScoreInput, Scores, WindowStats, reduce_groups};

@@ -5,7 +5,7 @@ use crate::budget::{BudgetSpec, ResolvedBudget};
 use crate::error::{PolicyError, Result};
 use crate::ladder::Ladder;
 use crate::scorer::{
-    AnDPro, CakeIndicator, CounterCausal, CriticalKv, ExpectedAttention, H2o, Knorm, Rope, Scorer, SnapKv,
+    AnDPro, CakeIndicator, CounterCausal, CriticalKv, ExpectedAttention, H2o, Knorm, Rope, Scorer, SnapKv, Span,
     StreamingLlm, Tova,
 };
 use crate::select::Protect;
@@ -72,6 +72,14 @@ impl Policy {
         match self {
             Policy::Scored { scorer, .. } => scorer.needs(),
             Policy::Ladder(_) => Needs::default(),
+        }
+    }
+
+    /// The layers whose counter-causal pass the runtime runs (none unless the scorer needs it).
+    pub fn counter_causal_layers(&self, layers: usize) -> Vec<usize> {
+        match self {
+            Policy::Scored { scorer, .. } if scorer.needs().counter_causal => scorer.counter_causal_layers(layers),
+            _ => Vec::new(),
         }
     }
 
@@ -222,6 +230,12 @@ static REGISTRY: &[Entry] = &[
         build: |_| scored(CounterCausal::default(), Uniform),
     },
     Entry {
+        name: "counter-causal-fast",
+        paper: "counter-causal attention pass (this crate's definition), the fast variant",
+        summary: "one counter-causal pass on the last layer, its scores shared by every layer",
+        build: |_| scored(CounterCausal::new(4, 32, true), Uniform),
+    },
+    Entry {
         name: "pyramidkv",
         paper: "Cai et al. 2024, PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information Funneling (arXiv:2406.02069)",
         summary: "SnapKV scores, linearly decreasing layer budgets (β = 20)",
@@ -244,6 +258,18 @@ static REGISTRY: &[Entry] = &[
         paper: "Feng et al. 2024, Ada-KV (arXiv:2407.11550), kvpress's AdaKVPress variant",
         summary: "SnapKV (kvpress defaults), per-head safeguard α = 0.2 then layer-wide top-k",
         build: |_| scored(SnapKv::default(), AdaKv::new(0.2, AdaMode::Kvpress, Box::new(Uniform))?),
+    },
+    Entry {
+        name: "snapkv-span",
+        paper: "SnapKV (arXiv:2404.14469) with whole spans kept: each token scores the best of the 12 before it (kvslice)",
+        summary: "SnapKV scores dilated over spans, so a kept key phrase keeps the value after it",
+        build: |_| scored(Span::new(Box::new(SnapKv::default())), Uniform),
+    },
+    Entry {
+        name: "adakv-span",
+        paper: "Ada-KV (arXiv:2407.11550) over span-dilated SnapKV scores (kvslice)",
+        summary: "Ada-KV head budgets over SnapKV scores dilated over spans",
+        build: |_| scored(Span::new(Box::new(SnapKv::default())), AdaKv::default()),
     },
     Entry {
         name: "lacache",

@@ -4,6 +4,7 @@
 
 pub mod device;
 pub mod error;
+pub mod evict;
 pub mod loading;
 #[cfg(not(target_family = "wasm"))]
 pub mod paths;
@@ -12,6 +13,7 @@ pub mod session;
 
 pub use device::{DeviceChoice, DeviceInfo, GraphicsApi, init_device};
 pub use error::{Result, RuntimeError};
+pub use evict::{Compression, CompressionReport, DecodeRule, StatsRequest};
 pub use loading::LoadedModel;
 pub use sampling::Sampler;
-pub use session::{GenerateOptions, GenerationStats, Session, read_f32};
+pub use session::{GenerateOptions, GenerationStats, Prefilled, Session, read_f32};

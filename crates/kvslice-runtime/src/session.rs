@@ -8,6 +8,8 @@ use kvslice_cache::{CacheGeometry, KvCache};
 use kvslice_model::Llama;
 
 use crate::error::{Result, RuntimeError};
+use crate::evict::observe::Recorder;
+use crate::evict::{Compression, CompressionReport, DecodeEviction, EvictingStore, HostLayerStats, StatsRequest};
 use crate::sampling::Sampler;
 
 /// Timings and counts of one generation.
@@ -60,6 +62,24 @@ pub struct Session<'m> {
     cache: KvCache,
     /// Source position of the next token.
     next_position: u32,
+    /// Decode-time eviction (fixed-size cache), when the compression's policy has one.
+    eviction: Option<DecodeEviction>,
+}
+
+/// A prompt prefilled once with the statistics of a set of policies, ready to be compressed
+/// many ways ([`Session::resume`]): the sweep's "prefill once, evaluate many".
+pub struct Prefilled {
+    /// The full cache of the prompt.
+    pub cache: KvCache,
+    /// Statistics per layer, on the host.
+    pub stats: Vec<HostLayerStats>,
+    /// The greedy token after the prompt (computed with the full cache).
+    pub first_token: u32,
+    pub prompt_tokens: usize,
+    /// The forward pass, and the statistics recorded during it (included in `prefill_seconds`),
+    /// then read back.
+    pub prefill_seconds: f64,
+    pub stats_seconds: f64,
 }
 
 impl<'m> Session<'m> {
@@ -69,7 +89,144 @@ impl<'m> Session<'m> {
         let c = &model.config;
         let capacity = capacity.min(c.max_position_embeddings);
         let geometry = CacheGeometry { layers: c.num_layers, kv_heads: c.num_kv_heads, head_dim: c.head_dim, capacity };
-        Ok(Self { model, cache: KvCache::new(geometry, model.device())?, next_position: 0 })
+        Ok(Self { model, cache: KvCache::new(geometry, model.device())?, next_position: 0, eviction: None })
+    }
+
+    /// A session over an existing cache whose next token is at source position `next_position`.
+    pub fn from_cache(model: &'m Llama, cache: KvCache, next_position: u32) -> Self {
+        Self { model, cache, next_position, eviction: None }
+    }
+
+    /// Decode-time eviction state, when the session keeps a fixed-size cache.
+    pub fn eviction(&self) -> Option<&DecodeEviction> {
+        self.eviction.as_ref()
+    }
+
+    /// Prefills `prompt` into a fresh full cache, recording `request`'s statistics, and returns
+    /// everything a later compression needs.
+    pub async fn prefill_for(model: &'m Llama, prompt: &[u32], request: &StatsRequest) -> Result<Prefilled> {
+        Self::prefill_sampled(model, prompt, request, &mut Sampler::greedy()).await
+    }
+
+    async fn prefill_sampled(
+        model: &'m Llama,
+        prompt: &[u32],
+        request: &StatsRequest,
+        sampler: &mut Sampler,
+    ) -> Result<Prefilled> {
+        if prompt.is_empty() {
+            return Err(RuntimeError::Options("empty prompt".into()));
+        }
+        let mut session = Session::new(model, prompt.len())?;
+        session.check_room(prompt.len())?;
+        let t0 = now();
+        let positions: Vec<u32> = (0..prompt.len() as u32).collect();
+        let mut recorder = Recorder::new(&mut session.cache, request, model.config.num_layers);
+        let hidden = model.forward(prompt, &positions, &mut recorder)?;
+        let observations = recorder.finish();
+        let first_token = if sampler.is_greedy() {
+            session.argmax_last(hidden).await?
+        } else {
+            let n = hidden.dims()[0];
+            let logits = read_f32(model.logits(hidden.narrow(0, n - 1, 1))).await?;
+            sampler.sample(&logits)
+        };
+        let t1 = now();
+        let stats = observations.read().await?;
+        let t2 = now();
+        Ok(Prefilled {
+            cache: session.cache,
+            stats,
+            first_token,
+            prompt_tokens: prompt.len(),
+            prefill_seconds: t1 - t0,
+            stats_seconds: t2 - t1,
+        })
+    }
+
+    /// A session continuing after `prefilled`'s prompt, over its cache compressed by
+    /// `compression` (the full cache, copied on write, when `None`), with room for
+    /// `max_new_tokens`. The prefilled cache is left as it is.
+    pub async fn resume(
+        model: &'m Llama,
+        prefilled: &Prefilled,
+        compression: Option<&Compression>,
+        max_new_tokens: usize,
+    ) -> Result<(Session<'m>, Option<CompressionReport>)> {
+        let n = prefilled.prompt_tokens;
+        match compression {
+            None => {
+                let all: Vec<Vec<Vec<u32>>> = (0..model.config.num_layers)
+                    .map(|_| vec![(0..n as u32).collect(); model.config.num_kv_heads])
+                    .collect();
+                let cache = crate::evict::compress_cache(&prefilled.cache, &all, max_new_tokens, 0)?;
+                Ok((Session::from_cache(model, cache, n as u32), None))
+            }
+            Some(c) => {
+                let (cache, eviction, report) =
+                    crate::evict::compress(c, &prefilled.stats, &prefilled.cache, model, max_new_tokens).await?;
+                let mut session = Session::from_cache(model, cache, n as u32);
+                session.eviction = eviction;
+                Ok((session, Some(report)))
+            }
+        }
+    }
+
+    /// Prefills `prompt`, compresses the cache with `compression` and decodes, calling
+    /// `on_token` with each new token (`false` stops). The prompt must fit the context with the
+    /// new tokens; it is refused before any work otherwise. Returns the session (for more
+    /// decoding), the tokens, the timings and what the compression did.
+    pub async fn generate_compressed(
+        model: &'m Llama,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        compression: &Compression,
+        mut on_token: impl FnMut(u32) -> bool,
+    ) -> Result<(Session<'m>, Vec<u32>, GenerationStats, CompressionReport)> {
+        let context = model.config.max_position_embeddings;
+        let new = options.max_new_tokens.saturating_sub(1);
+        if prompt.len() + new > context {
+            return Err(RuntimeError::ContextOverflow { tokens: prompt.len(), new, context });
+        }
+        let mut sampler = options.sampler.clone();
+        let request = compression.request(model.config.num_layers);
+        let t0 = now();
+        let prefilled = Self::prefill_sampled(model, prompt, &request, &mut sampler).await?;
+        let (mut session, report) = Self::resume(model, &prefilled, Some(compression), options.max_new_tokens).await?;
+        let report = report.unwrap_or_default();
+        let mut token = prefilled.first_token;
+        drop(prefilled);
+        let mut stats =
+            GenerationStats { prompt_tokens: prompt.len(), prefill_seconds: now() - t0, ..Default::default() };
+        let t1 = now();
+        let mut out = Vec::new();
+        while options.max_new_tokens > 0 {
+            out.push(token);
+            let go_on = on_token(token);
+            if !go_on || options.stop_tokens.contains(&token) || out.len() >= options.max_new_tokens {
+                break;
+            }
+            token = session.next_token(&[token], &mut sampler).await?;
+        }
+        stats.generated_tokens = out.len();
+        stats.decode_steps = out.len().saturating_sub(1);
+        stats.decode_seconds = now() - t1;
+        Ok((session, out, stats, report))
+    }
+
+    /// Greedy decoding after a prefill whose next token is `first`: returns up to
+    /// `max_new_tokens` tokens, `first` included, stopping after any of `stop`.
+    pub async fn continue_greedy(&mut self, first: u32, max_new_tokens: usize, stop: &[u32]) -> Result<Vec<u32>> {
+        let mut out = Vec::new();
+        let mut token = first;
+        while max_new_tokens > 0 {
+            out.push(token);
+            if stop.contains(&token) || out.len() >= max_new_tokens {
+                break;
+            }
+            token = self.next_greedy(&[token]).await?;
+        }
+        Ok(out)
     }
 
     pub fn model(&self) -> &Llama {
@@ -99,7 +256,8 @@ impl<'m> Session<'m> {
         let capacity = self.cache.geometry().capacity;
         let context = self.model.config.max_position_embeddings;
         let used = self.next_position as usize;
-        if used + n > context || self.cache.max_len() + n > capacity {
+        let evicts = self.eviction.is_some() && n == 1;
+        if used + n > context || (!evicts && !self.cache.has_room(n)) {
             return Err(RuntimeError::ContextOverflow { tokens: used, new: n, context: context.min(capacity) });
         }
         Ok(())
@@ -110,9 +268,23 @@ impl<'m> Session<'m> {
         self.check_room(tokens.len())?;
         let start = self.next_position;
         let positions: Vec<u32> = (start..start + tokens.len() as u32).collect();
-        let hidden = self.model.forward(tokens, &positions, &mut self.cache)?;
+        let hidden = match &mut self.eviction {
+            Some(eviction) if tokens.len() == 1 => {
+                let mut store = EvictingStore { cache: &mut self.cache, eviction };
+                self.model.forward(tokens, &positions, &mut store)?
+            }
+            _ => self.model.forward(tokens, &positions, &mut self.cache)?,
+        };
         self.next_position += tokens.len() as u32;
         Ok(hidden)
+    }
+
+    /// Folds the last step's attention into the decode-time eviction scores.
+    async fn absorb(&mut self) -> Result<()> {
+        if let Some(e) = &mut self.eviction {
+            e.absorb().await?;
+        }
+        Ok(())
     }
 
     /// Feeds `tokens` and returns the logits of the rows in `rows` (indices into `tokens`),
@@ -122,6 +294,7 @@ impl<'m> Session<'m> {
             return Err(RuntimeError::Options(format!("row {bad} outside {} tokens", tokens.len())));
         }
         let hidden = self.feed(tokens)?;
+        self.absorb().await?;
         if rows.is_empty() {
             return Ok(Vec::new());
         }
@@ -145,7 +318,13 @@ impl<'m> Session<'m> {
     /// read back instead of the vocabulary).
     async fn next_greedy(&mut self, tokens: &[u32]) -> Result<u32> {
         let hidden = self.feed(tokens)?;
-        let n = tokens.len();
+        self.absorb().await?;
+        self.argmax_last(hidden).await
+    }
+
+    /// The greedy token after the last row of `hidden` (`[n, hidden]`).
+    async fn argmax_last(&self, hidden: Tensor<2>) -> Result<u32> {
+        let n = hidden.dims()[0];
         let logits = self.model.logits(hidden.narrow(0, n - 1, 1)); // [1, vocab]
         let id = logits.argmax(1).reshape([1]);
         let data = Transaction::default()
@@ -218,14 +397,14 @@ pub async fn read_f32<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>> {
 }
 
 #[cfg(not(target_family = "wasm"))]
-fn now() -> f64 {
+pub(crate) fn now() -> f64 {
     use std::sync::OnceLock;
     static START: OnceLock<std::time::Instant> = OnceLock::new();
     START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64()
 }
 
 #[cfg(target_family = "wasm")]
-fn now() -> f64 {
+pub(crate) fn now() -> f64 {
     // Timing in the browser is the page's job; the runtime reports zero durations there.
     0.0
 }

@@ -60,6 +60,10 @@ impl Scorer for CounterCausal {
         "counter-causal"
     }
 
+    fn counter_causal_layers(&self, layers: usize) -> Vec<usize> {
+        self.layers_to_run(layers)
+    }
+
     fn needs(&self) -> Needs {
         Needs { counter_causal: true, ..Needs::default() }
     }

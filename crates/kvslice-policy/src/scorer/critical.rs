@@ -63,6 +63,10 @@ impl Scorer for CriticalKv {
         self.inner.protect(budget)
     }
 
+    fn counter_causal_layers(&self, layers: usize) -> Vec<usize> {
+        self.inner.counter_causal_layers(layers)
+    }
+
     fn score(&self, input: &ScoreInput<'_>) -> Result<Scores> {
         let s = input.stats;
         let base = self.inner.score(input)?;

@@ -16,6 +16,7 @@ pub mod expected_attention;
 pub mod h2o;
 pub mod knorm;
 pub mod snapkv;
+pub mod span;
 pub mod streaming;
 pub mod tova;
 
@@ -27,6 +28,7 @@ pub use expected_attention::{ExpectedAttention, Rope};
 pub use h2o::H2o;
 pub use knorm::Knorm;
 pub use snapkv::SnapKv;
+pub use span::Span;
 pub use streaming::StreamingLlm;
 pub use tova::Tova;
 
@@ -41,6 +43,12 @@ pub trait Scorer: Debug + Send + Sync {
     fn protect(&self, budget: usize) -> Protect;
     /// Scores `[H_kv, n]`; higher is kept first. Scores at protected positions are not used.
     fn score(&self, input: &ScoreInput<'_>) -> Result<Scores>;
+    /// For scorers that need [`Needs::counter_causal`]: the layers whose counter-causal pass the
+    /// runtime runs, of a model of `layers` layers; every layer by default. When this is one
+    /// layer only, the runtime hands that layer's column sums to every layer.
+    fn counter_causal_layers(&self, layers: usize) -> Vec<usize> {
+        (0..layers).collect()
+    }
 }
 
 /// Checks the statistics and that they were computed over the window this scorer expects.

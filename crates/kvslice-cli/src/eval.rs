@@ -1,0 +1,201 @@
+//! `kvslice eval`: retrieval cases under every policy × budget, prefilling each case once.
+//!
+//! Prefill-time policies only change what is kept after the prompt's forward pass, so each case
+//! is prefilled once with the statistics every requested policy needs; then the full cache and
+//! every policy × budget pair are each one compression of that prefill and a short greedy
+//! decode. The report's format is stable (see `kvslice_eval::report`).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use kvslice_eval::report::{CaseReport, FULL, Report, passes};
+use kvslice_runtime::{Compression, Session, StatsRequest};
+
+use crate::ModelArgs;
+
+#[derive(clap::Args, Clone)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// JSON Lines cases file: one `{"id", "prompt", "answer"}` per line.
+    #[arg(long)]
+    pub cases: PathBuf,
+    /// Policies, comma-separated (`kvslice policies` lists them), or `all`; none runs the full
+    /// cache only.
+    #[arg(long, value_delimiter = ',')]
+    pub policy: Vec<String>,
+    /// Budgets, comma-separated: `10%` of the prompt, `128L` per layer on average, `2048` flat.
+    #[arg(long, value_delimiter = ',', default_value = "50%,25%,10%,5%")]
+    pub budget: Vec<String>,
+    #[arg(long, default_value_t = 16)]
+    pub max_new_tokens: usize,
+    /// Wrap each prompt in the model's chat template (default: plain text).
+    #[arg(long)]
+    pub chat: bool,
+    /// Write the report as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write `scores.png` (pass rate against budget) and `kept-<run>.png` (kept positions per
+    /// layer and head for the first case) into this folder.
+    #[arg(long)]
+    pub plots: Option<PathBuf>,
+    /// Runs (`policy@budget`) whose kept positions are drawn with --plots; default: every
+    /// policy at the last budget.
+    #[arg(long, value_delimiter = ',')]
+    pub heatmap: Vec<String>,
+    /// Only the first N cases.
+    #[arg(long)]
+    pub limit: Option<usize>,
+}
+
+/// Timings of a sweep, to compare with re-prefilling for every run.
+#[derive(Debug, Default)]
+struct Timing {
+    prefill: f64,
+    stats: f64,
+    runs: f64,
+    run_count: usize,
+}
+
+pub fn run(args: EvalArgs, verbose: bool) -> Result<()> {
+    let mut cases =
+        kvslice_eval::read_cases(&args.cases).with_context(|| format!("reading {}", args.cases.display()))?;
+    if let Some(n) = args.limit {
+        cases.truncate(n);
+    }
+    let loaded = crate::open(&args.model, verbose)?;
+    let model = &loaded.model;
+    let info = Compression::model_info(model);
+    let names: Vec<String> = if args.policy.iter().any(|p| p == "all") {
+        kvslice_policy::registry().iter().map(|e| e.name.to_string()).collect()
+    } else {
+        args.policy.clone()
+    };
+    let mut compressions = Vec::new();
+    for name in &names {
+        for budget in &args.budget {
+            compressions.push(Compression::new(name, budget, &info)?);
+        }
+    }
+    let layers = model.config.num_layers;
+    let mut request = StatsRequest::default();
+    for c in &compressions {
+        c.add_to(&mut request, layers);
+    }
+
+    // Every prompt is checked before any prefill.
+    let context = model.config.max_position_embeddings;
+    let mut prompts = Vec::with_capacity(cases.len());
+    for case in &cases {
+        let ids = loaded.encode_prompt(&case.prompt, args.chat)?;
+        if ids.is_empty() {
+            bail!("case {}: empty prompt", case.id);
+        }
+        if ids.len() + args.max_new_tokens.saturating_sub(1) > context {
+            bail!(
+                "case {}: {} prompt tokens plus {} new exceed the model's context of {context}",
+                case.id,
+                ids.len(),
+                args.max_new_tokens
+            );
+        }
+        prompts.push(ids);
+    }
+
+    let stop = loaded.stop_tokens();
+    let mut report = Report::default();
+    let mut timing = Timing::default();
+    let mut heatmaps: Vec<(String, Vec<Vec<Vec<u32>>>, usize)> = Vec::new();
+    let wanted_heatmaps: Vec<String> = if args.heatmap.is_empty() {
+        let last = args.budget.last().map(|b| format!("@{b}")).unwrap_or_default();
+        compressions.iter().map(Compression::label).filter(|l| l.ends_with(&last)).collect()
+    } else {
+        args.heatmap.clone()
+    };
+    for (i, (case, ids)) in cases.iter().zip(&prompts).enumerate() {
+        let t0 = Instant::now();
+        let prefilled = pollster::block_on(Session::prefill_for(model, ids, &request))?;
+        timing.prefill += prefilled.prefill_seconds;
+        timing.stats += prefilled.stats_seconds;
+        eprintln!(
+            "[{}/{}] {}: {} tokens prefilled in {:.1}s (statistics read back in {:.2}s)",
+            i + 1,
+            cases.len(),
+            case.id,
+            ids.len(),
+            prefilled.prefill_seconds,
+            prefilled.stats_seconds
+        );
+        let mut runs: Vec<Option<&Compression>> = vec![None];
+        runs.extend(compressions.iter().map(Some));
+        for c in runs {
+            let key = c.map(Compression::label).unwrap_or_else(|| FULL.to_string());
+            let t = Instant::now();
+            let outcome = pollster::block_on(async {
+                let (mut session, compressed) = Session::resume(model, &prefilled, c, args.max_new_tokens).await?;
+                let tokens = session.continue_greedy(prefilled.first_token, args.max_new_tokens, &stop).await?;
+                Ok::<_, kvslice_runtime::RuntimeError>((tokens, compressed))
+            });
+            timing.runs += t.elapsed().as_secs_f64();
+            timing.run_count += 1;
+            let (output, pass) = match outcome {
+                Ok((tokens, compressed)) => {
+                    let kept: Vec<u32> = tokens.into_iter().filter(|t| !stop.contains(t)).collect();
+                    let text = loaded.decode(&kept)?;
+                    if let Some(r) = compressed
+                        && i == 0
+                        && wanted_heatmaps.contains(&key)
+                    {
+                        heatmaps.push((key.clone(), r.kept, ids.len()));
+                    }
+                    let pass = passes(&text, &case.answer);
+                    (text, pass)
+                }
+                Err(e) => (format!("error: {e}"), false),
+            };
+            if verbose {
+                eprintln!("  {key:28} {} {:?}", if pass { "pass" } else { "fail" }, output);
+            }
+            report.record(&key, &case.id, CaseReport { pass, output, prompt_tokens: ids.len() });
+        }
+        if verbose {
+            eprintln!("  case done in {:.1}s", t0.elapsed().as_secs_f64());
+        }
+    }
+
+    println!("{}", report.table());
+    let runs = timing.run_count.max(1) as f64;
+    let sweep = timing.prefill + timing.stats + timing.runs;
+    let reprefill = timing.prefill * runs / cases.len().max(1) as f64 + timing.runs;
+    eprintln!(
+        "sweep: {:.1}s ({:.1}s prefill once per case, {:.1}s statistics read-back, {:.1}s in {} compress+decode runs); \
+         re-prefilling for every run would take ~{:.1}s: {:.1}x",
+        sweep,
+        timing.prefill,
+        timing.stats,
+        timing.runs,
+        timing.run_count,
+        reprefill,
+        reprefill / sweep.max(1e-9)
+    );
+    if let Some(path) = &args.json {
+        report.write(path)?;
+    }
+    if let Some(dir) = &args.plots {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        if report.runs.len() > 1 {
+            kvslice_eval::plot::score_vs_budget(&report, &dir.join("scores.png"))?;
+        }
+        for (key, kept, len) in &heatmaps {
+            let file = dir.join(format!("kept-{}.png", key.replace(['@', '%'], "-")));
+            kvslice_eval::plot::kept_heatmap(
+                kept,
+                *len,
+                &format!("{key}: kept positions, case {}", cases[0].id),
+                &file,
+            )?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,389 @@
+//! Statistics gathered while the prompt is prefilled: a [`KvStore`] wrapper that reads each
+//! layer's queries as the model offers them and computes, on the device, everything the
+//! requested policies need — window statistics per observation window, attention accumulated
+//! over all queries (H2O), counter-causal column sums, pre-RoPE query moments. Results stay on
+//! the device until [`Observations::read`] brings them to the host as the policy crate's types.
+//!
+//! Every statistic is computed with Burn tensor ops in query chunks of bounded size, so it runs
+//! on any backend; the definitions are those of `kvslice_policy::WindowStats` (tested against
+//! the policy crate's CPU reference).
+
+use burn::tensor::activation::softmax;
+use burn::tensor::{Int, Tensor};
+use kvslice_cache::{KvCache, KvStore, LayerKv};
+use kvslice_policy::{Needs, QueryMoments, WindowStats};
+
+use crate::error::Result;
+use crate::session::read_f32;
+
+/// Score elements per attention chunk (64 Mi f32 = 256 MiB).
+const MAX_CHUNK_ELEMS: usize = 64 << 20;
+
+/// What to compute while prefilling.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StatsRequest {
+    /// Observation windows (one set of window statistics each).
+    pub windows: Vec<usize>,
+    pub value_weighted: bool,
+    pub projection: bool,
+    pub accumulated: bool,
+    /// Layers whose counter-causal column sums are computed.
+    pub counter_causal_layers: Vec<usize>,
+    /// Pre-RoPE query moments, skipping this many leading positions.
+    pub query_moments_skip: Option<usize>,
+}
+
+impl StatsRequest {
+    /// Adds what `needs` asks for (`layers`: the model's layer count; `cc_layers`: the layers a
+    /// counter-causal scorer runs on).
+    pub fn add(&mut self, needs: &Needs, cc_layers: &[usize], moments_skip: Option<usize>) {
+        if needs.window > 0 && !self.windows.contains(&needs.window) {
+            self.windows.push(needs.window);
+        }
+        self.value_weighted |= needs.value_weighted;
+        self.projection |= needs.projection;
+        self.accumulated |= needs.accumulated;
+        if needs.counter_causal {
+            for &l in cc_layers {
+                if !self.counter_causal_layers.contains(&l) {
+                    self.counter_causal_layers.push(l);
+                }
+            }
+        }
+        if needs.query_moments {
+            self.query_moments_skip = moments_skip.or(self.query_moments_skip);
+        }
+        if (needs.value_weighted || needs.projection) && self.windows.is_empty() {
+            self.windows.push(1);
+        }
+    }
+}
+
+/// Device tensors of one window.
+#[derive(Debug, Clone)]
+struct WindowTensors {
+    window: usize,
+    /// `[H, n]` each.
+    mean: Tensor<2>,
+    var: Tensor<2>,
+    last: Tensor<2>,
+    /// `[H]`.
+    entropy: Tensor<1>,
+    value_weighted: Option<Tensor<2>>,
+    projection: Option<Tensor<2>>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LayerTensors {
+    windows: Vec<WindowTensors>,
+    accumulated: Option<Tensor<2>>,
+    counter_causal: Option<Tensor<2>>,
+    /// `[H, d]`, `[H, d, d]`.
+    moments: Option<(Tensor<2>, Tensor<3>)>,
+}
+
+/// Statistics of every layer, on the device.
+#[derive(Debug, Clone)]
+pub struct Observations {
+    layers: Vec<LayerTensors>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    len: usize,
+}
+
+/// Statistics of one layer, on the host.
+#[derive(Debug, Clone)]
+pub struct HostLayerStats {
+    /// One entry per requested window (the optional tables filled as requested).
+    pub windows: Vec<WindowStats>,
+    pub moments: Option<QueryMoments>,
+}
+
+impl HostLayerStats {
+    /// The window statistics of observation window `w` (the first set when `w == 0`).
+    pub fn window(&self, w: usize) -> Option<&WindowStats> {
+        if w == 0 {
+            return self.windows.first();
+        }
+        self.windows.iter().find(|s| s.window == w)
+    }
+}
+
+impl Observations {
+    /// Reads everything back to the host.
+    pub async fn read(&self) -> Result<Vec<HostLayerStats>> {
+        let mut out = Vec::with_capacity(self.layers.len());
+        for layer in &self.layers {
+            let accumulated = match &layer.accumulated {
+                Some(t) => Some(read_f32(t.clone()).await?),
+                None => None,
+            };
+            let counter_causal = match &layer.counter_causal {
+                Some(t) => Some(read_f32(t.clone()).await?),
+                None => None,
+            };
+            let mut windows = Vec::with_capacity(layer.windows.len().max(1));
+            for w in &layer.windows {
+                let opt = async |t: &Option<Tensor<2>>| -> Result<Option<Vec<f32>>> {
+                    match t {
+                        Some(t) => Ok(Some(read_f32(t.clone()).await?)),
+                        None => Ok(None),
+                    }
+                };
+                windows.push(WindowStats {
+                    heads: self.heads,
+                    kv_heads: self.kv_heads,
+                    len: self.len,
+                    window: w.window,
+                    mean: read_f32(w.mean.clone()).await?,
+                    var: read_f32(w.var.clone()).await?,
+                    last: read_f32(w.last.clone()).await?,
+                    entropy: read_f32(w.entropy.clone()).await?,
+                    value_weighted: opt(&w.value_weighted).await?,
+                    projection: opt(&w.projection).await?,
+                    accumulated: accumulated.clone(),
+                    counter_causal: counter_causal.clone(),
+                });
+            }
+            if windows.is_empty() {
+                // Position rules and table-free scorers still read the shapes.
+                let hn = self.heads * self.len;
+                windows.push(WindowStats {
+                    heads: self.heads,
+                    kv_heads: self.kv_heads,
+                    len: self.len,
+                    window: 1,
+                    mean: vec![0.0; hn],
+                    var: vec![0.0; hn],
+                    last: vec![0.0; hn],
+                    entropy: vec![0.0; self.heads],
+                    value_weighted: None,
+                    projection: None,
+                    accumulated,
+                    counter_causal,
+                });
+            }
+            let moments = match &layer.moments {
+                Some((mean, cov)) => Some(QueryMoments {
+                    heads: self.heads,
+                    head_dim: self.head_dim,
+                    mean: read_f32(mean.clone()).await?,
+                    cov: read_f32(cov.clone()).await?,
+                }),
+                None => None,
+            };
+            out.push(HostLayerStats { windows, moments });
+        }
+        Ok(out)
+    }
+
+    /// Prompt length the statistics cover.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A [`KvStore`] that prefills into `cache` and computes the requested statistics of each layer
+/// from the queries the model offers.
+pub(crate) struct Recorder<'c> {
+    pub cache: &'c mut KvCache,
+    pub request: &'c StatsRequest,
+    pub layers: Vec<LayerTensors>,
+    pub heads: usize,
+    pub len: usize,
+}
+
+impl<'c> Recorder<'c> {
+    pub fn new(cache: &'c mut KvCache, request: &'c StatsRequest, layers: usize) -> Self {
+        Recorder { cache, request, layers: vec![LayerTensors::default(); layers], heads: 0, len: 0 }
+    }
+
+    pub fn finish(self) -> Observations {
+        let g = self.cache.geometry();
+        Observations {
+            layers: self.layers,
+            heads: self.heads,
+            kv_heads: g.kv_heads,
+            head_dim: g.head_dim,
+            len: self.len,
+        }
+    }
+}
+
+impl KvStore for Recorder<'_> {
+    fn append(
+        &mut self,
+        layer: usize,
+        keys: Tensor<3>,
+        values: Tensor<3>,
+        positions: &[u32],
+    ) -> kvslice_cache::Result<()> {
+        self.cache.append(layer, keys, values, positions)
+    }
+
+    fn layer(&self, layer: usize) -> kvslice_cache::Result<&LayerKv> {
+        self.cache.layer(layer)
+    }
+
+    fn observe_queries(&mut self, layer: usize, rotated: &Tensor<3>, raw: &Tensor<3>) -> kvslice_cache::Result<()> {
+        let stored = self.cache.layer(layer)?;
+        let [heads, n, _] = rotated.dims();
+        self.heads = heads;
+        self.len = n;
+        let (keys, values) = stored.view();
+        let req = self.request;
+        let mut out = LayerTensors::default();
+        for &w in &req.windows {
+            out.windows.push(window_tensors(rotated, &keys, &values, w.min(n), req.value_weighted, req.projection));
+        }
+        if req.accumulated {
+            out.accumulated = Some(column_sums(rotated, &keys, Direction::Causal));
+        }
+        if req.counter_causal_layers.contains(&layer) {
+            out.counter_causal = Some(column_sums(rotated, &keys, Direction::CounterCausal));
+        }
+        if let Some(skip) = req.query_moments_skip.filter(|&s| s < n) {
+            out.moments = Some(moments(raw, skip));
+        }
+        self.layers[layer] = out;
+        Ok(())
+    }
+}
+
+/// `[heads, m, d]` queries against `[kv_heads, n, d]` keys → `[heads, m, n]` scaled scores.
+fn scores(q: Tensor<3>, keys: &Tensor<3>) -> Tensor<3> {
+    let [heads, m, d] = q.dims();
+    let [kv_heads, n, _] = keys.dims();
+    let group = heads / kv_heads;
+    let s = q.reshape([kv_heads, group * m, d]).matmul(keys.clone().swap_dims(1, 2));
+    s.mul_scalar(1.0 / (d as f64).sqrt()).reshape([heads, m, n])
+}
+
+/// Keys `[kv_heads, n, d]` read per query head: `[heads, n, d]`.
+fn per_query_head(t: &Tensor<3>, heads: usize) -> Tensor<3> {
+    let [kv_heads, n, d] = t.dims();
+    let group = heads / kv_heads;
+    t.clone().unsqueeze_dim::<4>(1).expand([kv_heads, group, n, d]).reshape([heads, n, d])
+}
+
+/// Additive mask `[1, m, n]`: query `i` (at position `first + i`) sees key `j` when
+/// `j <= first + i` (causal) or `j >= first + i` (counter-causal).
+fn mask(first: usize, m: usize, n: usize, direction: Direction, device: &burn::tensor::Device) -> Tensor<3> {
+    let rows = Tensor::<1, Int>::arange(first as i64..(first + m) as i64, device).reshape([1, m, 1]).expand([1, m, n]);
+    let cols = Tensor::<1, Int>::arange(0..n as i64, device).reshape([1, 1, n]).expand([1, m, n]);
+    let hidden = match direction {
+        Direction::Causal => cols.greater(rows),
+        Direction::CounterCausal => cols.lower(rows),
+    };
+    Tensor::<3>::zeros([1, m, n], device).mask_fill(hidden, f32::NEG_INFINITY)
+}
+
+#[derive(Clone, Copy)]
+enum Direction {
+    Causal,
+    CounterCausal,
+}
+
+fn window_tensors(
+    q: &Tensor<3>,
+    keys: &Tensor<3>,
+    values: &Tensor<3>,
+    w: usize,
+    value_weighted: bool,
+    projection: bool,
+) -> WindowTensors {
+    let [heads, n, _] = q.dims();
+    let device = q.device();
+    let first = n - w;
+    let qw = q.clone().narrow(1, first, w);
+    let a = softmax(scores(qw, keys) + mask(first, w, n, Direction::Causal, &device), 2); // [H, w, n]
+    let mean3 = a.clone().mean_dim(1); // [H, 1, n]
+    let var = if w > 1 {
+        (a.clone() - mean3.clone()).powi_scalar(2).sum_dim(1).div_scalar((w - 1) as f64).reshape([heads, n])
+    } else {
+        Tensor::zeros([heads, n], &device)
+    };
+    let last = a.clone().narrow(1, w - 1, 1).reshape([heads, n]);
+    let entropy = if first > 0 {
+        let p = a.clone().narrow(2, 0, first);
+        let e = (p.clone() * (p + 1e-10).log()).neg().sum_dim(2); // [H, w, 1]
+        e.mean_dim(1).reshape([heads])
+    } else {
+        Tensor::zeros([heads], &device)
+    };
+    let mean = mean3.reshape([heads, n]);
+    let vh = (value_weighted || projection).then(|| per_query_head(values, heads)); // [H, n, d]
+    let value_weighted = vh.as_ref().filter(|_| value_weighted).map(|v| {
+        let norm = v.clone().powi_scalar(2).sum_dim(2).sqrt().reshape([heads, n]);
+        mean.clone() * norm
+    });
+    let projection = vh.filter(|_| projection).map(|v| {
+        let o = a.clone().matmul(v.clone()); // [H, w, d]
+        let dir = o.clone() / o.powi_scalar(2).sum_dim(2).sqrt().clamp_min(1e-30);
+        let m = dir.matmul(v.swap_dims(1, 2)); // [H, w, n]: ⟨v_j, ô_i⟩
+        (a.clone() * m).mean_dim(1).reshape([heads, n])
+    });
+    WindowTensors { window: w, mean, var, last, entropy, value_weighted, projection }
+}
+
+/// `[H, n]` column sums of the attention of every query (causal: `Σ_{i ≥ j} a_ij`;
+/// counter-causal: `Σ_{i ≤ j} c_ij`), in chunks of queries.
+fn column_sums(q: &Tensor<3>, keys: &Tensor<3>, direction: Direction) -> Tensor<2> {
+    let [heads, n, _] = q.dims();
+    let device = q.device();
+    let rows = (MAX_CHUNK_ELEMS / (heads * n).max(1)).clamp(1, n);
+    let mut total = Tensor::<2>::zeros([heads, n], &device);
+    let mut start = 0;
+    while start < n {
+        let m = rows.min(n - start);
+        let qc = q.clone().narrow(1, start, m);
+        let a = softmax(scores(qc, keys) + mask(start, m, n, direction, &device), 2);
+        total = total + a.sum_dim(1).reshape([heads, n]);
+        start += m;
+    }
+    total
+}
+
+/// Mean `[H, d]` and population covariance `[H, d, d]` of the pre-RoPE queries after `skip`.
+fn moments(raw: &Tensor<3>, skip: usize) -> (Tensor<2>, Tensor<3>) {
+    let [heads, n, d] = raw.dims();
+    let x = raw.clone().narrow(1, skip, n - skip);
+    let mean = x.clone().mean_dim(1); // [H, 1, d]
+    let c = x - mean.clone();
+    let cov = c.clone().swap_dims(1, 2).matmul(c).div_scalar((n - skip) as f64);
+    (mean.reshape([heads, d]), cov)
+}
+
+/// The statistics the recorder computes for one layer, from that layer's queries (`[heads, n,
+/// d]`, after RoPE and before) and its cached keys and values (`[kv_heads, n, d]`), read back.
+/// `counter_causal` asks for the counter-causal column sums.
+pub async fn layer_stats(
+    rotated: &Tensor<3>,
+    raw: &Tensor<3>,
+    keys: &Tensor<3>,
+    values: &Tensor<3>,
+    request: &StatsRequest,
+    counter_causal: bool,
+) -> Result<HostLayerStats> {
+    let [heads, n, d] = rotated.dims();
+    let mut layer = LayerTensors::default();
+    for &w in &request.windows {
+        layer.windows.push(window_tensors(rotated, keys, values, w.min(n), request.value_weighted, request.projection));
+    }
+    if request.accumulated {
+        layer.accumulated = Some(column_sums(rotated, keys, Direction::Causal));
+    }
+    if counter_causal {
+        layer.counter_causal = Some(column_sums(rotated, keys, Direction::CounterCausal));
+    }
+    if let Some(skip) = request.query_moments_skip.filter(|&s| s < n) {
+        layer.moments = Some(moments(raw, skip));
+    }
+    let obs = Observations { layers: vec![layer], heads, kv_heads: keys.dims()[0], head_dim: d, len: n };
+    Ok(obs.read().await?.remove(0))
+}

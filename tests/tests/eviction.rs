@@ -1,0 +1,256 @@
+//! Eviction end to end: the statistics recorded during prefill against the policy crate's CPU
+//! reference (f64), and compression + decoding on a tiny seeded model against hand-derived
+//! expectations (kept sets, fixed-size caches, memory, positions), on the CPU backend and on
+//! wgpu.
+
+use burn::tensor::{Device, Tensor, TensorData};
+use kvslice_model::Llama;
+use kvslice_model::load::load_llama;
+use kvslice_policy::reference::{self, Dims};
+use kvslice_runtime::evict::observe::layer_stats;
+use kvslice_runtime::{Compression, GenerateOptions, RuntimeError, Sampler, Session, StatsRequest};
+use kvslice_tests::{cpu, tiny_hf_weights, wgpu};
+
+/// Deterministic values in [-1, 1) (64-bit LCG, top bits).
+fn values(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f64 / (1u64 << 24) as f64 * 2.0 - 1.0) as f32
+        })
+        .collect()
+}
+
+fn tensor(v: &[f32], shape: [usize; 3], device: &Device) -> Tensor<3> {
+    Tensor::<1>::from_data(TensorData::new(v.to_vec(), [v.len()]), device).reshape(shape)
+}
+
+fn close(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert!((a - b).abs() <= 2e-5 + 1e-4 * b.abs(), "{what}[{i}]: {a} vs reference {b}");
+    }
+}
+
+fn stats_match_reference(device: Device) {
+    let dims = Dims { heads: 6, kv_heads: 2, len: 37, head_dim: 16 };
+    let (h, kv, n, d) = (dims.heads, dims.kv_heads, dims.len, dims.head_dim);
+    // Larger queries make the attention peaked, as in real models.
+    let q: Vec<f32> = values(1, h * n * d).iter().map(|x| 3.0 * x).collect();
+    let k = values(2, kv * n * d);
+    let v = values(3, kv * n * d);
+    let raw = values(4, h * n * d);
+    let request = StatsRequest {
+        windows: vec![8, 1],
+        value_weighted: true,
+        projection: true,
+        accumulated: true,
+        counter_causal_layers: vec![0],
+        query_moments_skip: Some(4),
+    };
+    let got = pollster::block_on(layer_stats(
+        &tensor(&q, [h, n, d], &device),
+        &tensor(&raw, [h, n, d], &device),
+        &tensor(&k, [kv, n, d], &device),
+        &tensor(&v, [kv, n, d], &device),
+        &request,
+        true,
+    ))
+    .unwrap();
+    for w in [8, 1] {
+        let want = reference::window_stats(dims, &q, &k, &v, w).unwrap();
+        let s = got.window(w).unwrap();
+        assert_eq!((s.heads, s.kv_heads, s.len, s.window), (h, kv, n, w));
+        close("mean", &s.mean, &want.mean);
+        close("var", &s.var, &want.var);
+        close("last", &s.last, &want.last);
+        close("entropy", &s.entropy, &want.entropy);
+        close("value_weighted", s.value_weighted.as_ref().unwrap(), want.value_weighted.as_ref().unwrap());
+        close("projection", s.projection.as_ref().unwrap(), want.projection.as_ref().unwrap());
+        close("accumulated", s.accumulated.as_ref().unwrap(), want.accumulated.as_ref().unwrap());
+        close("counter_causal", s.counter_causal.as_ref().unwrap(), want.counter_causal.as_ref().unwrap());
+    }
+    let m = got.moments.unwrap();
+    let want = kvslice_policy::QueryMoments::from_queries(&raw, h, n, d, 4).unwrap();
+    close("query mean", &m.mean, &want.mean);
+    close("query covariance", &m.cov, &want.cov);
+}
+
+#[test]
+fn statistics_match_the_reference_on_cpu() {
+    stats_match_reference(cpu());
+}
+
+#[test]
+fn statistics_match_the_reference_on_wgpu() {
+    stats_match_reference(wgpu());
+}
+
+fn tiny(device: &Device) -> Llama {
+    load_llama(&tiny_hf_weights("llama"), device).unwrap()
+}
+
+fn prompt(n: usize) -> Vec<u32> {
+    // Token ids of the tiny model's 256-entry vocabulary, avoiding the special ids 0..3.
+    values(9, n).iter().map(|x| 3 + ((x + 1.0) * 126.0) as u32).collect()
+}
+
+fn greedy(max_new_tokens: usize) -> GenerateOptions {
+    GenerateOptions { max_new_tokens, sampler: Sampler::greedy(), stop_tokens: Vec::new() }
+}
+
+fn compression(model: &Llama, name: &str, budget: &str) -> Compression {
+    Compression::new(name, budget, &Compression::model_info(model)).unwrap()
+}
+
+/// A budget that covers the prompt keeps everything: the same tokens as the full cache.
+fn budget_past_the_prompt_keeps_everything(device: Device) {
+    let model = tiny(&device);
+    let ids = prompt(150);
+    let mut full = Session::new(&model, 170).unwrap();
+    let (want, _) = pollster::block_on(full.generate(&ids, &greedy(12), |_| true)).unwrap();
+    for (name, budget) in [("snapkv", "100%"), ("h2o", "4096"), ("streaming-llm", "170"), ("cake", "200L")] {
+        let c = compression(&model, name, budget);
+        let (session, got, _, report) =
+            pollster::block_on(Session::generate_compressed(&model, &ids, &greedy(12), &c, |_| true)).unwrap();
+        assert_eq!(got, want, "{name}@{budget}");
+        assert_eq!(report.kept_entries, 150 * 3 * 2, "{name}@{budget}");
+        assert_eq!(session.position(), 150 + 11);
+    }
+}
+
+#[test]
+fn budget_past_the_prompt_keeps_everything_cpu() {
+    budget_past_the_prompt_keeps_everything(cpu());
+}
+
+#[test]
+fn budget_past_the_prompt_keeps_everything_wgpu() {
+    budget_past_the_prompt_keeps_everything(wgpu());
+}
+
+/// SnapKV at 50% of 150 tokens: 75 per head, the 64-token window among them; storage shrinks to
+/// the kept tokens plus room for the new ones; decoding continues at the prompt's positions.
+fn snapkv_keeps_its_budget(device: Device) {
+    let model = tiny(&device);
+    let ids = prompt(150);
+    let c = compression(&model, "snapkv", "50%");
+    let (session, tokens, _, report) =
+        pollster::block_on(Session::generate_compressed(&model, &ids, &greedy(8), &c, |_| true)).unwrap();
+    assert_eq!(tokens.len(), 8);
+    assert_eq!(report.kept.len(), 3);
+    for layer in &report.kept {
+        for head in layer {
+            assert_eq!(head.len(), 75);
+            assert!(head.windows(2).all(|w| w[0] < w[1]));
+            assert!((86..150).all(|p| head.contains(&p)), "window kept");
+        }
+    }
+    // capacity 75 + 7 slots, 3 layers × 2 KV heads × 16 dims × K and V × f32
+    assert_eq!(report.compressed_bytes, 3 * 2 * (75 + 7) * 16 * 2 * 4);
+    assert_eq!(report.full_bytes, 3 * 2 * 150 * 16 * 2 * 4);
+    let layer = session.cache().layers()[0].clone();
+    for h in 0..2 {
+        let pos = layer.head_positions(h);
+        assert_eq!(pos.len(), 75 + 7);
+        assert_eq!(&pos[75..], &(150..157).collect::<Vec<u32>>()[..], "new tokens at the original positions");
+    }
+}
+
+#[test]
+fn snapkv_keeps_its_budget_cpu() {
+    snapkv_keeps_its_budget(cpu());
+}
+
+#[test]
+fn snapkv_keeps_its_budget_wgpu() {
+    snapkv_keeps_its_budget(wgpu());
+}
+
+/// StreamingLLM at a flat 16 tokens: 4 sinks and the 12 most recent positions, after the
+/// prefill and after every decode step (the cache never grows).
+fn streaming_llm_keeps_sinks_and_recent(device: Device) {
+    let model = tiny(&device);
+    let ids = prompt(40);
+    let c = compression(&model, "streaming-llm", "16");
+    let (session, tokens, _, report) =
+        pollster::block_on(Session::generate_compressed(&model, &ids, &greedy(20), &c, |_| true)).unwrap();
+    assert_eq!(tokens.len(), 20);
+    let expect_prefill: Vec<u32> = (0..4).chain(28..40).collect();
+    assert!(report.kept.iter().flatten().all(|k| *k == expect_prefill));
+    // 19 tokens fed after the prompt: positions 40..=58; the 12 newest are 47..=58.
+    let expect: Vec<u32> = (0..4).chain(47..59).collect();
+    for layer in session.cache().layers() {
+        assert_eq!(layer.capacity(), 16);
+        for h in 0..2 {
+            let mut pos = layer.head_positions(h).to_vec();
+            pos.sort_unstable();
+            assert_eq!(pos, expect);
+        }
+    }
+    assert_eq!(session.eviction().unwrap().evicted, 19 * 3 * 2);
+}
+
+#[test]
+fn streaming_llm_keeps_sinks_and_recent_cpu() {
+    streaming_llm_keeps_sinks_and_recent(cpu());
+}
+
+#[test]
+fn streaming_llm_keeps_sinks_and_recent_wgpu() {
+    streaming_llm_keeps_sinks_and_recent(wgpu());
+}
+
+/// H2O and TOVA keep a fixed-size cache while decoding; H2O's recent half stays.
+#[test]
+fn decode_time_policies_keep_a_fixed_size() {
+    let device = cpu();
+    let model = tiny(&device);
+    let ids = prompt(60);
+    for name in ["h2o", "tova", "lacache"] {
+        let c = compression(&model, name, "24");
+        let (session, tokens, _, _) =
+            pollster::block_on(Session::generate_compressed(&model, &ids, &greedy(30), &c, |_| true)).unwrap();
+        assert_eq!(tokens.len(), 30);
+        for layer in session.cache().layers() {
+            assert_eq!(layer.capacity(), 24, "{name}");
+            for h in 0..2 {
+                let pos = layer.head_positions(h);
+                assert!(pos.len() <= 24);
+                assert!(pos.contains(&88), "{name}: the newest token is cached");
+                if name == "h2o" {
+                    // recent share 0.5 of 24: positions 77..=88 are never evicted
+                    assert!((77..=88).all(|p| pos.contains(&p)), "{name}: recent window {pos:?}");
+                }
+            }
+        }
+        assert!(session.eviction().unwrap().evicted > 0, "{name}");
+    }
+}
+
+#[test]
+fn bad_requests_are_errors() {
+    let device = cpu();
+    let model = tiny(&device);
+    let info = Compression::model_info(&model);
+    let e = Compression::new("snapkv-turbo", "10%", &info).unwrap_err().to_string();
+    assert!(e.contains("snapkv-turbo") && e.contains("streaming-llm") && e.contains("lacache"), "{e}");
+    let e = Compression::new("snapkv", "0%", &info).unwrap_err().to_string();
+    assert!(e.contains("0%"), "{e}");
+    let e = Compression::new("snapkv", "ten", &info).unwrap_err().to_string();
+    assert!(e.contains("ten"), "{e}");
+    // 600 tokens do not fit the tiny model's 512-token context: refused before prefill.
+    let c = compression(&model, "snapkv", "10%");
+    let long = prompt(600);
+    match pollster::block_on(Session::generate_compressed(&model, &long, &greedy(4), &c, |_| true)) {
+        Err(RuntimeError::ContextOverflow { tokens: 600, context: 512, .. }) => {}
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a prompt past the context was accepted"),
+    }
+    // A budget below the policy's protected window is an error naming both.
+    let c = compression(&model, "snapkv", "10%");
+    let e = pollster::block_on(Session::generate_compressed(&model, &prompt(100), &greedy(4), &c, |_| true));
+    let e = e.err().expect("10 tokens cannot hold SnapKV's 64-token window").to_string();
+    assert!(e.contains("64") && e.contains("10"), "{e}");
+}
