@@ -254,3 +254,42 @@ fn bad_requests_are_errors() {
     let e = e.err().expect("10 tokens cannot hold SnapKV's 64-token window").to_string();
     assert!(e.contains("64") && e.contains("10"), "{e}");
 }
+
+/// CAKE's cascade compresses each layer as the prefill goes: the kept sets are the top-k of
+/// each layer's CAKE scores at the cascade's final budgets (Theorem 1: trimming stage by stage
+/// equals one eviction), the budgets spend the whole total, and peak KV memory stays near the
+/// budget plus one layer instead of the whole prompt's cache.
+#[test]
+fn cake_cascade_matches_one_eviction_with_less_memory() {
+    let device = cpu();
+    let model = tiny(&device);
+    let ids = prompt(200);
+    let c = compression(&model, "cake", "50L");
+    assert!(c.cascades());
+    let (_, tokens, _, report) =
+        pollster::block_on(Session::generate_compressed(&model, &ids, &greedy(6), &c, |_| true)).unwrap();
+    assert_eq!(tokens.len(), 6);
+    let budgets: Vec<usize> = report.kept.iter().map(|l| l[0].len()).collect();
+    assert_eq!(budgets.iter().sum::<usize>(), 50 * 3, "{budgets:?}");
+    // The one-shot statistics of the same prompt, scored by the same policy.
+    let request = c.request(3);
+    let prefilled = pollster::block_on(Session::prefill_for(&model, &ids, &request)).unwrap();
+    let policy = c.policy();
+    for (l, kept) in report.kept.iter().enumerate() {
+        let w = prefilled.stats[l].window(policy.needs().window).unwrap();
+        let scores = policy.score_layer(&kvslice_policy::LayerInput::new(w), 50).unwrap().unwrap();
+        let want = kvslice_policy::select_heads(&scores, &[budgets[l]; 2], policy.protect(50)).unwrap();
+        assert_eq!(kept, &want, "layer {l}");
+    }
+    // one layer's full K/V (200 slots) + the compressed layers, never the whole prompt's cache
+    let layer_bytes = 2 * 200 * 16 * 2 * 4;
+    assert!(report.peak_bytes <= layer_bytes + report.compressed_bytes * 2, "{report:?}");
+    let (_, one_shot) = pollster::block_on(Session::resume(&model, &prefilled, Some(&c), 6)).unwrap();
+    let one_shot = one_shot.unwrap();
+    assert!(
+        report.peak_bytes < one_shot.peak_bytes,
+        "cascade {} vs one-shot {}",
+        report.peak_bytes,
+        one_shot.peak_bytes
+    );
+}

@@ -31,6 +31,8 @@ pub enum CacheError {
     Geometry(String),
     #[error("keep list for head {head}: {reason}")]
     BadKeep { head: usize, reason: String },
+    #[error("eviction during prefill failed: {0}")]
+    Eviction(String),
 }
 
 /// Result alias of this crate.

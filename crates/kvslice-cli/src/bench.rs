@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use kvslice_runtime::{Session, read_f32};
+use kvslice_runtime::{Compression, Session, read_f32};
 
 use crate::ModelArgs;
 
@@ -24,6 +24,12 @@ pub struct BenchArgs {
     /// Repetitions of each measurement (the best is reported).
     #[arg(long, default_value_t = 1)]
     repeat: usize,
+    /// Also time decoding after compressing each depth's prompt with this policy...
+    #[arg(long, requires = "budget")]
+    policy: Option<String>,
+    /// ...at this budget (e.g. `256` tokens per layer).
+    #[arg(long, requires = "policy")]
+    budget: Option<String>,
 }
 
 /// Deterministic pseudo-random token ids in the ordinary-text range of the vocabulary.
@@ -83,6 +89,63 @@ pub fn run(args: BenchArgs, verbose: bool) -> Result<()> {
             1.0 / per,
             per * 1e3
         );
+        if let (Some(policy), Some(budget)) = (&args.policy, &args.budget) {
+            compressed(model, policy, budget, depth, per, &args)?;
+        }
     }
+    Ok(())
+}
+
+/// Decoding after compression at one depth, beside the full cache's `full_per_token`; and the
+/// eviction's share of the prefill (statistics, planning, compaction against a plain prefill).
+fn compressed(
+    model: &kvslice_model::Llama,
+    policy: &str,
+    budget: &str,
+    depth: usize,
+    full_per_token: f64,
+    args: &BenchArgs,
+) -> Result<()> {
+    let vocab = model.config.vocab_size;
+    let c = Compression::new(policy, budget, &Compression::model_info(model))?;
+    let request = c.request(model.config.num_layers);
+    let ids = tokens(depth, vocab, 20);
+    // plain prefill of the same prompt
+    let mut s = Session::new(model, depth)?;
+    let t = Instant::now();
+    let hidden = s.feed(&ids)?;
+    pollster::block_on(read_f32(hidden.narrow(0, depth - 1, 1)))?;
+    let plain = t.elapsed().as_secs_f64();
+    drop(s);
+    let prefilled = pollster::block_on(Session::prefill_for(model, &ids, &request))?;
+    let (mut session, report) =
+        pollster::block_on(Session::resume(model, &prefilled, Some(&c), args.decode_steps + 1))?;
+    let report = report.expect("a compression report");
+    let observed = prefilled.prefill_seconds + prefilled.stats_seconds;
+    let overhead = (observed - plain).max(0.0) + report.plan_time.as_secs_f64() + report.compact_time.as_secs_f64();
+    drop(prefilled);
+    let t = Instant::now();
+    pollster::block_on(session.continue_greedy(5, args.decode_steps + 1, &[]))?;
+    let per = t.elapsed().as_secs_f64() / args.decode_steps as f64;
+    println!(
+        "| decode at depth {depth}, {} | {} | {:.3} | {:.1} ({:.1} ms/token, {:.1}x the full cache) |",
+        c.label(),
+        args.decode_steps,
+        per * args.decode_steps as f64,
+        1.0 / per,
+        per * 1e3,
+        full_per_token / per
+    );
+    println!(
+        "| eviction share of prefill at {depth} ({}) | {} kept of {} | {:.3} of {:.3} | {:.1}% (KV {:.1} → {:.1} MiB) |",
+        c.label(),
+        report.kept_entries,
+        depth * model.config.num_layers * model.config.num_kv_heads,
+        overhead,
+        plain,
+        100.0 * overhead / plain,
+        report.full_bytes as f64 / (1 << 20) as f64,
+        report.compressed_bytes as f64 / (1 << 20) as f64
+    );
     Ok(())
 }

@@ -115,3 +115,96 @@ fn bad_options_are_one_line_errors() {
     let out = kvslice(&["generate", "--model", &model, "--prompt", &long, "--device", "cpu"]);
     assert!(one_line_error(&out).contains("context"));
 }
+
+#[test]
+fn policies_lists_every_policy_with_its_paper() {
+    let out = kvslice(&["policies"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for name in ["streaming-llm", "h2o", "snapkv", "tova", "pyramidkv", "cake", "adakv", "lacache", "snapkv-span"] {
+        assert!(text.lines().any(|l| l.starts_with(&format!("{name} "))), "{name} missing:\n{text}");
+    }
+    assert!(text.contains("arXiv:2404.14469") && text.contains("ICLR 2025"), "{text}");
+}
+
+fn smoke_cases() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/eval/smoke.jsonl").display().to_string()
+}
+
+/// The report's JSON format is stable: `{"runs": {key: {"passed", "total", "cases": {id:
+/// {"pass", "output", "prompt_tokens"}}}}}`; a budget past the prompt gives the full cache's
+/// outputs, and every run covers every case.
+#[test]
+fn eval_writes_the_stable_report() {
+    let model = default_model();
+    let dir = std::env::temp_dir().join(format!("kvslice-eval-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("report.json");
+    let cases = smoke_cases();
+    let out = kvslice(&[
+        "eval",
+        "--model",
+        &model,
+        "--device",
+        "cpu",
+        "--cases",
+        &cases,
+        "--policy",
+        "snapkv,streaming-llm",
+        "--budget",
+        "4096,50%",
+        "--max-new-tokens",
+        "8",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs = report["runs"].as_object().unwrap();
+    let keys: Vec<&str> = runs.keys().map(String::as_str).collect();
+    assert_eq!(keys, ["full", "snapkv@4096", "snapkv@50%", "streaming-llm@4096", "streaming-llm@50%"]);
+    let lines = std::fs::read_to_string(&cases).unwrap();
+    let ids: Vec<String> = lines
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["id"].as_str().unwrap().to_string())
+        .collect();
+    for (key, run) in runs {
+        let cases = run["cases"].as_object().unwrap();
+        assert_eq!(run["total"], ids.len(), "{key}");
+        let passed = cases.values().filter(|c| c["pass"].as_bool().unwrap()).count();
+        assert_eq!(run["passed"], passed, "{key}");
+        for id in &ids {
+            let c = &cases[id];
+            assert!(c["output"].is_string() && c["prompt_tokens"].as_u64().unwrap() > 250, "{key} {id}: {c}");
+        }
+    }
+    for id in &ids {
+        assert_eq!(runs["snapkv@4096"]["cases"][id]["output"], runs["full"]["cases"][id]["output"], "{id}");
+        assert_eq!(runs["streaming-llm@4096"]["cases"][id]["output"], runs["full"]["cases"][id]["output"], "{id}");
+    }
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("snapkv") && table.contains("50%"), "{table}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn eval_bad_input_is_a_one_line_error() {
+    let model = default_model();
+    let dir = std::env::temp_dir().join(format!("kvslice-eval-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, "{\"id\": \"a\", \"prompt\": \"x\", \"answer\": \"y\"}\n\n{\"id\": \"b\", \"prompt\": 3}\n")
+        .unwrap();
+    let e = one_line_error(&kvslice(&["eval", "--model", &model, "--device", "cpu", "--cases", bad.to_str().unwrap()]));
+    assert!(e.contains("line 3"), "{e}");
+    let cases = smoke_cases();
+    let e = one_line_error(&kvslice(&[
+        "eval", "--model", &model, "--device", "cpu", "--cases", &cases, "--policy", "nope", "--budget", "10%",
+    ]));
+    assert!(e.contains("nope") && e.contains("snapkv"), "{e}");
+    let e = one_line_error(&kvslice(&[
+        "generate", "--model", &model, "--device", "cpu", "--prompt", "hi", "--policy", "snapkv", "--budget", "0%",
+    ]));
+    assert!(e.contains("0%"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}

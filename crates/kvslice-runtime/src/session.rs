@@ -124,13 +124,7 @@ impl<'m> Session<'m> {
         let mut recorder = Recorder::new(&mut session.cache, request, model.config.num_layers);
         let hidden = model.forward(prompt, &positions, &mut recorder)?;
         let observations = recorder.finish();
-        let first_token = if sampler.is_greedy() {
-            session.argmax_last(hidden).await?
-        } else {
-            let n = hidden.dims()[0];
-            let logits = read_f32(model.logits(hidden.narrow(0, n - 1, 1))).await?;
-            sampler.sample(&logits)
-        };
+        let first_token = session.sample_last(hidden, sampler).await?;
         let t1 = now();
         let stats = observations.read().await?;
         let t2 = now();
@@ -189,13 +183,29 @@ impl<'m> Session<'m> {
             return Err(RuntimeError::ContextOverflow { tokens: prompt.len(), new, context });
         }
         let mut sampler = options.sampler.clone();
-        let request = compression.request(model.config.num_layers);
         let t0 = now();
-        let prefilled = Self::prefill_sampled(model, prompt, &request, &mut sampler).await?;
-        let (mut session, report) = Self::resume(model, &prefilled, Some(compression), options.max_new_tokens).await?;
-        let report = report.unwrap_or_default();
-        let mut token = prefilled.first_token;
-        drop(prefilled);
+        #[cfg(not(target_family = "wasm"))]
+        let cascaded = if compression.cascades() {
+            let (cache, hidden, report) =
+                crate::evict::cascade::prefill(compression, model, prompt, options.max_new_tokens)?;
+            let session = Session::from_cache(model, cache, prompt.len() as u32);
+            let token = session.sample_last(hidden, &mut sampler).await?;
+            Some((session, report, token))
+        } else {
+            None
+        };
+        #[cfg(target_family = "wasm")]
+        let cascaded: Option<(Session<'m>, CompressionReport, u32)> = None;
+        let (mut session, report, mut token) = match cascaded {
+            Some(done) => done,
+            None => {
+                let request = compression.request(model.config.num_layers);
+                let prefilled = Self::prefill_sampled(model, prompt, &request, &mut sampler).await?;
+                let (session, report) =
+                    Self::resume(model, &prefilled, Some(compression), options.max_new_tokens).await?;
+                (session, report.unwrap_or_default(), prefilled.first_token)
+            }
+        };
         let mut stats =
             GenerationStats { prompt_tokens: prompt.len(), prefill_seconds: now() - t0, ..Default::default() };
         let t1 = now();
@@ -320,6 +330,16 @@ impl<'m> Session<'m> {
         let hidden = self.feed(tokens)?;
         self.absorb().await?;
         self.argmax_last(hidden).await
+    }
+
+    /// The token `sampler` draws after the last row of `hidden` (`[n, hidden]`).
+    async fn sample_last(&self, hidden: Tensor<2>, sampler: &mut Sampler) -> Result<u32> {
+        if sampler.is_greedy() {
+            return self.argmax_last(hidden).await;
+        }
+        let n = hidden.dims()[0];
+        let logits = read_f32(self.model.logits(hidden.narrow(0, n - 1, 1))).await?;
+        Ok(sampler.sample(&logits))
     }
 
     /// The greedy token after the last row of `hidden` (`[n, hidden]`).

@@ -12,6 +12,8 @@
 //! The other policies evict once, after the prefill, and the cache grows by the generated
 //! tokens.
 
+#[cfg(not(target_family = "wasm"))]
+pub(crate) mod cascade;
 pub mod observe;
 
 use std::time::Duration;
@@ -78,6 +80,11 @@ impl Compression {
 
     pub fn policy(&self) -> &Policy {
         &self.policy
+    }
+
+    /// Whether the prefill compresses layer by layer (CAKE's cascade; native targets only).
+    pub fn cascades(&self) -> bool {
+        cfg!(not(target_family = "wasm")) && self.name == "cake"
     }
 
     /// What the prefill must record for this policy, for a model of `layers` layers.
@@ -210,6 +217,8 @@ pub struct CompressionReport {
     /// K/V bytes of the full prompt and of the compressed cache's storage.
     pub full_bytes: usize,
     pub compressed_bytes: usize,
+    /// The most K/V storage held at once while prefilling and compressing.
+    pub peak_bytes: usize,
     /// Reading statistics back and planning; gathering the kept entries.
     pub plan_time: Duration,
     pub compact_time: Duration,
@@ -481,6 +490,7 @@ pub async fn compress(
         prompt_tokens,
         full_bytes: 2 * g.layers * g.kv_heads * prompt_tokens * g.head_dim * 4,
         compressed_bytes: cache.storage_bytes(),
+        peak_bytes: full.storage_bytes() + cache.storage_bytes(),
         plan_time: Duration::from_secs_f64(t1 - t0),
         compact_time: Duration::from_secs_f64(t2 - t1),
     };

@@ -1,0 +1,181 @@
+//! CAKE's cascading prefill: each layer is compressed as soon as its attention has run, and the
+//! budgets of the layers before it are recomputed and those layers trimmed (Qin et al., ICLR
+//! 2025, §3.4). The full K/V of only one layer exists at a time — a scratch reused by every
+//! layer — so peak KV memory stays near the total budget plus one layer, where a one-shot
+//! eviction holds the whole prompt's cache first.
+//!
+//! The layer's window statistics are read back while the forward pass runs, so this path
+//! blocks on the device and is native-only; browsers use the one-shot eviction.
+
+use std::time::Duration;
+
+use burn::tensor::Tensor;
+use kvslice_cache::{CacheError, CacheGeometry, KvCache, KvStore, LayerKv};
+use kvslice_model::Llama;
+use kvslice_policy::alloc::{Cake, CakeCascade};
+use kvslice_policy::{LayerInput, Policy, Scores, select_heads};
+
+use super::observe::{StatsRequest, layer_stats};
+use super::{Compression, CompressionReport};
+use crate::error::RuntimeError;
+use crate::session::now;
+
+/// The prefill store of a cascading compression.
+pub(crate) struct CascadeStore<'p> {
+    policy: &'p Policy,
+    cascade: CakeCascade,
+    window: usize,
+    per_layer: usize,
+    /// Decode room added to every compressed layer.
+    room: usize,
+    /// One layer's full K/V, reused by every layer.
+    scratch: KvCache,
+    /// Compressed layers so far, with their scores (positions `0..n`).
+    done: Vec<(LayerKv, Scores)>,
+    pub peak_bytes: usize,
+}
+
+fn err(e: impl std::fmt::Display) -> CacheError {
+    CacheError::Eviction(e.to_string())
+}
+
+impl<'p> CascadeStore<'p> {
+    pub fn new(
+        policy: &'p Policy,
+        geometry: CacheGeometry,
+        len: usize,
+        per_layer: usize,
+        room: usize,
+        device: &burn::tensor::Device,
+    ) -> crate::Result<Self> {
+        let window = policy.needs().window;
+        let cascade = CakeCascade::new(Cake::default(), geometry.layers, len, per_layer, window)
+            .map_err(|e| crate::RuntimeError::Options(e.to_string()))?;
+        let scratch = KvCache::new(CacheGeometry { layers: 1, capacity: len, ..geometry }, device)?;
+        Ok(CascadeStore { policy, cascade, window, per_layer, room, scratch, done: Vec::new(), peak_bytes: 0 })
+    }
+
+    /// The compressed cache and every layer's kept positions.
+    pub fn finish(self) -> crate::Result<(KvCache, Vec<Vec<Vec<u32>>>)> {
+        let kept = self
+            .done
+            .iter()
+            .map(|(l, _)| (0..l.lens().len()).map(|h| l.head_positions(h).to_vec()).collect())
+            .collect();
+        let layers = self.done.into_iter().map(|(l, _)| l).collect();
+        Ok((KvCache::from_layers(layers)?, kept))
+    }
+}
+
+impl KvStore for CascadeStore<'_> {
+    fn append(
+        &mut self,
+        layer: usize,
+        keys: Tensor<3>,
+        values: Tensor<3>,
+        positions: &[u32],
+    ) -> kvslice_cache::Result<()> {
+        if layer != self.done.len() {
+            return Err(err(format!("layer {layer} arrived after {} compressed layers", self.done.len())));
+        }
+        self.scratch.clear();
+        self.scratch.append(0, keys, values, positions)
+    }
+
+    fn layer(&self, layer: usize) -> kvslice_cache::Result<&LayerKv> {
+        match self.done.get(layer) {
+            Some((l, _)) => Ok(l),
+            None => self.scratch.layer(0),
+        }
+    }
+
+    fn observe_queries(&mut self, layer: usize, rotated: &Tensor<3>, raw: &Tensor<3>) -> kvslice_cache::Result<()> {
+        let full = self.scratch.layer(0)?;
+        let (keys, values) = full.view();
+        let request = StatsRequest { windows: vec![self.window], ..StatsRequest::default() };
+        let stats = pollster::block_on(layer_stats(rotated, raw, &keys, &values, &request, false)).map_err(err)?;
+        let ws = stats.window(self.window).ok_or_else(|| err("no window statistics"))?;
+        let scores = self
+            .policy
+            .score_layer(&LayerInput::new(ws), self.per_layer)
+            .map_err(err)?
+            .ok_or_else(|| err("not a scored policy"))?;
+        let budgets = self.cascade.push(ws).to_vec();
+        let protect = self.policy.protect(self.per_layer);
+        let heads = full.lens().len();
+        // this layer: top-k of its full K/V (slots are positions in the scratch)
+        let kept = select_heads(&scores, &vec![budgets[layer]; heads], protect).map_err(err)?;
+        let compressed = full.gather(&kept, budgets[layer] + self.room)?;
+        self.done.push((compressed, scores));
+        // earlier layers whose budget shrank: trim to the top-k of the smaller budget
+        for (j, &b) in budgets.iter().enumerate().take(layer) {
+            let (kv, scores) = &self.done[j];
+            if kv.lens().iter().all(|&l| l <= b) {
+                continue;
+            }
+            let kept = select_heads(scores, &vec![b; heads], protect).map_err(err)?;
+            let slots: Vec<Vec<u32>> = kept
+                .iter()
+                .enumerate()
+                .map(|(h, pos)| {
+                    let held = kv.head_positions(h);
+                    pos.iter()
+                        .map(|p| {
+                            held.binary_search(p)
+                                .map(|s| s as u32)
+                                .map_err(|_| err(format!("position {p} was evicted earlier")))
+                        })
+                        .collect::<kvslice_cache::Result<Vec<u32>>>()
+                })
+                .collect::<kvslice_cache::Result<_>>()?;
+            let trimmed = kv.gather(&slots, b + self.room)?;
+            self.done[j].0 = trimmed;
+        }
+        let held: usize =
+            self.done.iter().map(|(l, _)| l.storage_bytes()).sum::<usize>() + self.scratch.storage_bytes();
+        self.peak_bytes = self.peak_bytes.max(held);
+        Ok(())
+    }
+}
+
+/// Prefills `prompt` with CAKE's cascade: returns the compressed cache (with room for
+/// `max_new_tokens`), the hidden states of the prompt and the report.
+pub(crate) fn prefill(
+    compression: &Compression,
+    model: &Llama,
+    prompt: &[u32],
+    max_new_tokens: usize,
+) -> crate::Result<(KvCache, Tensor<2>, CompressionReport)> {
+    let n = prompt.len();
+    let c = &model.config;
+    let protect = compression.policy.protect(n);
+    let budget = compression
+        .spec
+        .resolve(n, c.num_layers, protect.count(n))
+        .map_err(|e| RuntimeError::Options(format!("{}: {e}", compression.label())))?;
+    let geometry = CacheGeometry { layers: c.num_layers, kv_heads: c.num_kv_heads, head_dim: c.head_dim, capacity: n };
+    let t0 = now();
+    let mut store = CascadeStore::new(
+        &compression.policy,
+        geometry,
+        n,
+        budget.per_layer,
+        max_new_tokens.saturating_sub(1),
+        model.device(),
+    )?;
+    let positions: Vec<u32> = (0..n as u32).collect();
+    let hidden = model.forward(prompt, &positions, &mut store)?;
+    let peak_bytes = store.peak_bytes;
+    let (cache, kept) = store.finish()?;
+    let report = CompressionReport {
+        kept_entries: kept.iter().flatten().map(Vec::len).sum(),
+        kept,
+        prompt_tokens: n,
+        full_bytes: 2 * c.num_layers * c.num_kv_heads * n * c.head_dim * 4,
+        compressed_bytes: cache.storage_bytes(),
+        peak_bytes,
+        plan_time: Duration::from_secs_f64(now() - t0),
+        compact_time: Duration::ZERO,
+    };
+    Ok((cache, hidden, report))
+}
