@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs the system packages kvslice needs on a Debian machine with no GPU:
-# Mesa's lavapipe (software Vulkan) so wgpu finds an adapter, and the Vulkan loader.
+# Mesa's lavapipe (software Vulkan) so wgpu finds an adapter, the Vulkan loader, and a TTF
+# font for the evaluation's PNG plots.
 set -euo pipefail
 need=()
 dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || need+=(mesa-vulkan-drivers)
 dpkg -s libvulkan1 >/dev/null 2>&1 || need+=(libvulkan1)
 dpkg -s libegl1 >/dev/null 2>&1 || need+=(libegl1)
+dpkg -s fonts-dejavu-core >/dev/null 2>&1 || need+=(fonts-dejavu-core)
 if [ ${#need[@]} -gt 0 ]; then
     SUDO=""
     [ "$(id -u)" -ne 0 ] && SUDO="sudo"

@@ -202,10 +202,9 @@ fn streaming_llm_keeps_sinks_and_recent_wgpu() {
     streaming_llm_keeps_sinks_and_recent(wgpu());
 }
 
-/// H2O and TOVA keep a fixed-size cache while decoding; H2O's recent half stays.
-#[test]
-fn decode_time_policies_keep_a_fixed_size() {
-    let device = cpu();
+/// H2O, TOVA and LaCache keep a fixed-size cache while decoding; H2O's recent half stays.
+/// (LaCache's compaction runs the in-place kernel on wgpu, a gather on the CPU backend.)
+fn decode_time_policies_keep_a_fixed_size(device: Device) {
     let model = tiny(&device);
     let ids = prompt(60);
     for name in ["h2o", "tova", "lacache"] {
@@ -227,6 +226,16 @@ fn decode_time_policies_keep_a_fixed_size() {
         }
         assert!(session.eviction().unwrap().evicted > 0, "{name}");
     }
+}
+
+#[test]
+fn decode_time_policies_keep_a_fixed_size_cpu() {
+    decode_time_policies_keep_a_fixed_size(cpu());
+}
+
+#[test]
+fn decode_time_policies_keep_a_fixed_size_wgpu() {
+    decode_time_policies_keep_a_fixed_size(wgpu());
 }
 
 #[test]
@@ -292,4 +301,29 @@ fn cake_cascade_matches_one_eviction_with_less_memory() {
         report.peak_bytes,
         one_shot.peak_bytes
     );
+}
+
+/// On wgpu, compaction runs the in-place kernel: the same buffers, kept rows moved to the front.
+#[test]
+fn compaction_is_in_place_on_wgpu() {
+    let device = wgpu();
+    let geometry = kvslice_cache::CacheGeometry { layers: 1, kv_heads: 2, head_dim: 4, capacity: 6 };
+    let mut cache = kvslice_cache::KvCache::new(geometry, &device).unwrap();
+    let k: Vec<f32> = (0..2 * 5 * 4).map(|i| i as f32).collect();
+    let v: Vec<f32> = (0..2 * 5 * 4).map(|i| 1000.0 + i as f32).collect();
+    use kvslice_cache::KvStore;
+    cache.append(0, tensor(&k, [2, 5, 4], &device), tensor(&v, [2, 5, 4], &device), &[0, 1, 2, 3, 4]).unwrap();
+    let layer = cache.layer_mut(0).unwrap();
+    let before = kvslice_kernels::buffer_id(layer.storage().0).unwrap();
+    layer.compact(&[vec![1, 4], vec![0, 2, 3]]).unwrap();
+    assert_eq!(kvslice_kernels::buffer_id(layer.storage().0).unwrap(), before, "same buffer");
+    assert_eq!(layer.lens(), &[2, 3]);
+    assert_eq!(layer.head_positions(0), &[1, 4]);
+    assert_eq!(layer.head_positions(1), &[0, 2, 3]);
+    let got = layer.storage().0.clone().into_data().try_to_vec::<f32>().unwrap();
+    // head 0 rows 1 and 4 (values 4..8, 16..20); head 1 rows 0, 2, 3 (20..24, 28..32, 32..36)
+    assert_eq!(&got[..8], &[4., 5., 6., 7., 16., 17., 18., 19.]);
+    assert_eq!(&got[24..36], &[20., 21., 22., 23., 28., 29., 30., 31., 32., 33., 34., 35.]);
+    let vals = layer.storage().1.clone().into_data().try_to_vec::<f32>().unwrap();
+    assert_eq!(&vals[..4], &[1004., 1005., 1006., 1007.]);
 }

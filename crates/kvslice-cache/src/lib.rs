@@ -33,6 +33,8 @@ pub enum CacheError {
     BadKeep { head: usize, reason: String },
     #[error("eviction during prefill failed: {0}")]
     Eviction(String),
+    #[error("compaction kernel: {0}")]
+    Kernel(String),
 }
 
 /// Result alias of this crate.
@@ -249,6 +251,52 @@ impl LayerKv {
         };
         out.set_metadata(lens, head_positions)?;
         Ok(out)
+    }
+
+    /// Keeps, for each head `h`, the slots `slots[h]` (strictly ascending) and moves them to the
+    /// head's first slots in order, without changing the capacity. On wgpu this is the in-place
+    /// compaction kernel (no new storage); elsewhere a gather into storage of the same size.
+    pub fn compact(&mut self, slots: &[Vec<u32>]) -> Result<()> {
+        for (h, list) in slots.iter().enumerate() {
+            if list.windows(2).any(|w| w[0] >= w[1]) {
+                return Err(CacheError::BadKeep { head: h, reason: "kept slots must be strictly ascending".into() });
+            }
+        }
+        if kvslice_kernels::buffer_id(&self.keys).is_none() {
+            *self = self.gather(slots, self.capacity)?;
+            return Ok(());
+        }
+        if slots.len() != self.kv_heads {
+            return Err(CacheError::ShapeMismatch {
+                what: "kept slots per head",
+                expected: vec![self.kv_heads],
+                got: vec![slots.len()],
+            });
+        }
+        let device = self.keys.device();
+        let pos: Vec<i32> = self.positions.iter().map(|&p| if p == EMPTY_SLOT { -1 } else { p as i32 }).collect();
+        let mut positions = Tensor::<1, Int>::from_data(TensorData::new(pos, [self.kv_heads * self.capacity]), &device)
+            .reshape([self.kv_heads, self.capacity]);
+        let lens: Vec<u32> = self.lens.iter().map(|&l| l as u32).collect();
+        let new_positions: Vec<Vec<u32>> = slots
+            .iter()
+            .enumerate()
+            .map(|(h, list)| {
+                list.iter()
+                    .map(|&s| {
+                        self.head_positions(h).get(s as usize).copied().ok_or_else(|| CacheError::BadKeep {
+                            head: h,
+                            reason: format!("slot {s} is not occupied (length {})", self.lens[h]),
+                        })
+                    })
+                    .collect()
+            })
+            .collect::<Result<_>>()?;
+        let cache =
+            kvslice_kernels::CacheTensors { keys: &mut self.keys, values: &mut self.values, positions: &mut positions };
+        let counts = kvslice_kernels::compact_in_place_host(cache, slots, &lens)
+            .map_err(|e| CacheError::Kernel(e.to_string()))?;
+        self.set_metadata(counts.iter().map(|&c| c as usize).collect(), new_positions)
     }
 
     /// Writes one token into slot `slots[h]` of every head `h` (slot reuse: the slot is either

@@ -83,3 +83,54 @@ fn bad_appends_are_errors_before_any_write() {
     assert!(KvCache::new(CacheGeometry { capacity: 0, ..geometry() }, &dev).is_err());
     assert!(KvCache::new(CacheGeometry { capacity: usize::MAX / 2, ..geometry() }, &dev).is_err());
 }
+
+fn keys_of(layer: &kvslice_cache::LayerKv) -> Vec<f32> {
+    layer.storage().0.clone().into_data().try_to_vec::<f32>().unwrap()
+}
+
+/// Gather keeps the listed slots of each head, in order, in storage of the new capacity;
+/// write_slots reuses a slot; compact moves kept slots to the front in place.
+#[test]
+fn gather_write_and_compact_by_hand() {
+    let dev = device();
+    let mut cache = KvCache::new(geometry(), &dev).unwrap();
+    // head 0 keys rows 0..4 = [0,1,2],[3,4,5],[6,7,8],[9,10,11]; head 1 = 12.. ; positions 10..14
+    cache.append(0, rows(2, 4, 3, 0.0, &dev), rows(2, 4, 3, 100.0, &dev), &[10, 11, 12, 13]).unwrap();
+    let layer = cache.layer(0).unwrap();
+    let g = layer.gather(&[vec![1, 3], vec![0, 2, 3]], 5).unwrap();
+    assert_eq!(g.capacity(), 5);
+    assert_eq!(g.lens(), &[2, 3]);
+    assert_eq!(g.head_positions(0), &[11, 13]);
+    assert_eq!(g.head_positions(1), &[10, 12, 13]);
+    let k = keys_of(&g);
+    assert_eq!(&k[..6], &[3., 4., 5., 9., 10., 11.]);
+    assert_eq!(&k[15..24], &[12., 13., 14., 18., 19., 20., 21., 22., 23.]);
+    // the source is untouched
+    assert_eq!(layer.lens(), &[4, 4]);
+    assert!(matches!(layer.gather(&[vec![4], vec![0]], 5), Err(CacheError::BadKeep { head: 0, .. })));
+    assert!(matches!(layer.gather(&[vec![0, 1, 2]], 5), Err(CacheError::ShapeMismatch { .. })));
+
+    // slot reuse: head 0 writes into its free slot 2, head 1 overwrites slot 0 (position 10)
+    let mut g = g;
+    g.write_slots(&[2, 0], rows(2, 1, 3, 500.0, &dev), rows(2, 1, 3, 600.0, &dev), 20).unwrap();
+    assert_eq!(g.lens(), &[3, 3]);
+    assert_eq!(g.head_positions(0), &[11, 13, 20]);
+    assert_eq!(g.head_positions(1), &[20, 12, 13]);
+    let k = keys_of(&g);
+    assert_eq!(&k[6..9], &[500., 501., 502.]);
+    assert_eq!(&k[15..18], &[503., 504., 505.]);
+    // a slot past the first free one, or a position already cached, is refused
+    assert!(g.clone().write_slots(&[4, 0], rows(2, 1, 3, 0.0, &dev), rows(2, 1, 3, 0.0, &dev), 21).is_err());
+    assert!(g.clone().write_slots(&[3, 1], rows(2, 1, 3, 0.0, &dev), rows(2, 1, 3, 0.0, &dev), 13).is_err());
+
+    // compaction in the same storage: head 0 keeps slots 0 and 2, head 1 keeps slot 2
+    g.compact(&[vec![0, 2], vec![2]]).unwrap();
+    assert_eq!(g.capacity(), 5);
+    assert_eq!(g.lens(), &[2, 1]);
+    assert_eq!(g.head_positions(0), &[11, 20]);
+    assert_eq!(g.head_positions(1), &[13]);
+    let k = keys_of(&g);
+    assert_eq!(&k[..6], &[3., 4., 5., 500., 501., 502.]);
+    assert_eq!(&k[15..18], &[21., 22., 23.]);
+    assert!(g.compact(&[vec![1, 0], vec![0]]).is_err());
+}

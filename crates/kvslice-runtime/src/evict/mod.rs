@@ -384,8 +384,12 @@ impl EvictingStore<'_> {
             self.eviction.evicted += order.len() - keep.len();
             slots.push(keep);
         }
-        let compacted = kv.gather(&slots, cap)?;
-        self.cache.replace_layer(layer, compacted)
+        // slots are in source order here (the ladder appends, never reuses slots), so the
+        // kept lists are ascending: the in-place compaction kernel applies on wgpu
+        for list in &mut slots {
+            list.sort_unstable();
+        }
+        self.cache.layer_mut(layer)?.compact(&slots)
     }
 }
 
