@@ -45,6 +45,9 @@ struct EvictionArgs {
     /// KV budget: `10%` of the prompt, `128L` tokens per layer on average, `2048` flat.
     #[arg(long, requires = "policy")]
     budget: Option<String>,
+    /// Compress after the whole prefill even where the policy cascades layer by layer (CAKE).
+    #[arg(long, requires = "policy")]
+    one_shot: bool,
 }
 
 #[derive(Subcommand)]
@@ -131,7 +134,10 @@ fn run(cli: Cli) -> Result<()> {
             let sampler = Sampler::new(temperature, top_p, seed).map_err(anyhow::Error::msg)?;
             let ids = loaded.encode_prompt(&prompt, chat)?;
             let compression = match compression {
-                Some((p, b)) => Some(Compression::new(&p, &b, &Compression::model_info(&loaded.model))?),
+                Some((p, b)) => {
+                    let c = Compression::new(&p, &b, &Compression::model_info(&loaded.model))?;
+                    Some(if eviction.one_shot { c.one_shot() } else { c })
+                }
                 None => None,
             };
             let mut session =
@@ -188,7 +194,7 @@ fn run(cli: Cli) -> Result<()> {
             eprintln!("{stats}");
             if let (Some(r), Some(c)) = (report, &compression) {
                 eprintln!(
-                    "{}: kept {} of {} KV entries ({:.1}%); KV memory {:.2} MiB instead of {:.2} MiB; planning {:.0} ms, compaction {:.0} ms",
+                    "{}: kept {} of {} KV entries ({:.1}%); KV memory {:.2} MiB instead of {:.2} MiB (peak {:.2} MiB); planning {:.0} ms, compaction {:.0} ms",
                     c.label(),
                     r.kept_entries,
                     r.prompt_tokens * loaded.model.config.num_layers * loaded.model.config.num_kv_heads,
@@ -197,6 +203,7 @@ fn run(cli: Cli) -> Result<()> {
                             as f64,
                     r.compressed_bytes as f64 / (1 << 20) as f64,
                     r.full_bytes as f64 / (1 << 20) as f64,
+                    r.peak_bytes as f64 / (1 << 20) as f64,
                     r.plan_time.as_secs_f64() * 1e3,
                     r.compact_time.as_secs_f64() * 1e3,
                 );

@@ -80,6 +80,9 @@ pub struct Prefilled {
     /// then read back.
     pub prefill_seconds: f64,
     pub stats_seconds: f64,
+    /// Of `prefill_seconds`, the time spent in the statistics (exact on the CPU backend, which
+    /// computes as it goes; on a GPU only the queueing).
+    pub stats_compute_seconds: f64,
 }
 
 impl<'m> Session<'m> {
@@ -124,6 +127,7 @@ impl<'m> Session<'m> {
         let mut recorder = Recorder::new(&mut session.cache, request, model.config.num_layers);
         let hidden = model.forward(prompt, &positions, &mut recorder)?;
         let observations = recorder.finish();
+        let stats_compute_seconds = observations.compute_seconds;
         let first_token = session.sample_last(hidden, sampler).await?;
         let t1 = now();
         let stats = observations.read().await?;
@@ -135,6 +139,7 @@ impl<'m> Session<'m> {
             prompt_tokens: prompt.len(),
             prefill_seconds: t1 - t0,
             stats_seconds: t2 - t1,
+            stats_compute_seconds,
         })
     }
 

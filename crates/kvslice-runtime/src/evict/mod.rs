@@ -53,6 +53,7 @@ pub struct Compression {
     budget_text: String,
     policy: Policy,
     spec: BudgetSpec,
+    cascade: bool,
 }
 
 impl Compression {
@@ -61,7 +62,14 @@ impl Compression {
         let policy = kvslice_policy::build(name, model).map_err(|e| RuntimeError::Options(e.to_string()))?;
         let spec: BudgetSpec =
             budget.parse().map_err(|e: kvslice_policy::PolicyError| RuntimeError::Options(e.to_string()))?;
-        Ok(Compression { name: name.to_string(), budget_text: budget.to_string(), policy, spec })
+        Ok(Compression { name: name.to_string(), budget_text: budget.to_string(), policy, spec, cascade: true })
+    }
+
+    /// The same compression done in one shot after the whole prefill, even for CAKE (whose
+    /// cascade is the default): the reference its cascade is measured against.
+    pub fn one_shot(mut self) -> Self {
+        self.cascade = false;
+        self
     }
 
     /// What the policy needs of a model.
@@ -84,7 +92,7 @@ impl Compression {
 
     /// Whether the prefill compresses layer by layer (CAKE's cascade; native targets only).
     pub fn cascades(&self) -> bool {
-        cfg!(not(target_family = "wasm")) && self.name == "cake"
+        cfg!(not(target_family = "wasm")) && self.cascade && self.name == "cake"
     }
 
     /// What the prefill must record for this policy, for a model of `layers` layers.

@@ -86,6 +86,8 @@ pub(crate) struct LayerTensors {
 #[derive(Debug, Clone)]
 pub struct Observations {
     layers: Vec<LayerTensors>,
+    /// Seconds spent queueing (on the CPU backend: computing) the statistics during the prefill.
+    pub compute_seconds: f64,
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
@@ -196,17 +198,26 @@ pub(crate) struct Recorder<'c> {
     pub layers: Vec<LayerTensors>,
     pub heads: usize,
     pub len: usize,
+    pub compute_seconds: f64,
 }
 
 impl<'c> Recorder<'c> {
     pub fn new(cache: &'c mut KvCache, request: &'c StatsRequest, layers: usize) -> Self {
-        Recorder { cache, request, layers: vec![LayerTensors::default(); layers], heads: 0, len: 0 }
+        Recorder {
+            cache,
+            request,
+            layers: vec![LayerTensors::default(); layers],
+            heads: 0,
+            len: 0,
+            compute_seconds: 0.0,
+        }
     }
 
     pub fn finish(self) -> Observations {
         let g = self.cache.geometry();
         Observations {
             layers: self.layers,
+            compute_seconds: self.compute_seconds,
             heads: self.heads,
             kv_heads: g.kv_heads,
             head_dim: g.head_dim,
@@ -231,6 +242,7 @@ impl KvStore for Recorder<'_> {
     }
 
     fn observe_queries(&mut self, layer: usize, rotated: &Tensor<3>, raw: &Tensor<3>) -> kvslice_cache::Result<()> {
+        let t0 = crate::session::now();
         let stored = self.cache.layer(layer)?;
         let [heads, n, _] = rotated.dims();
         self.heads = heads;
@@ -251,6 +263,7 @@ impl KvStore for Recorder<'_> {
             out.moments = Some(moments(raw, skip));
         }
         self.layers[layer] = out;
+        self.compute_seconds += crate::session::now() - t0;
         Ok(())
     }
 }
@@ -384,6 +397,13 @@ pub async fn layer_stats(
     if let Some(skip) = request.query_moments_skip.filter(|&s| s < n) {
         layer.moments = Some(moments(raw, skip));
     }
-    let obs = Observations { layers: vec![layer], heads, kv_heads: keys.dims()[0], head_dim: d, len: n };
+    let obs = Observations {
+        layers: vec![layer],
+        compute_seconds: 0.0,
+        heads,
+        kv_heads: keys.dims()[0],
+        head_dim: d,
+        len: n,
+    };
     Ok(obs.read().await?.remove(0))
 }
