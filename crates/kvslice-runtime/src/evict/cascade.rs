@@ -33,6 +33,8 @@ pub(crate) struct CascadeStore<'p> {
     /// Compressed layers so far, with their scores (positions `0..n`).
     done: Vec<(LayerKv, Scores)>,
     pub peak_bytes: usize,
+    /// Seconds spent in statistics, selection and compaction (inside the prefill).
+    pub spent: f64,
 }
 
 fn err(e: impl std::fmt::Display) -> CacheError {
@@ -52,7 +54,17 @@ impl<'p> CascadeStore<'p> {
         let cascade = CakeCascade::new(Cake::default(), geometry.layers, len, per_layer, window)
             .map_err(|e| crate::RuntimeError::Options(e.to_string()))?;
         let scratch = KvCache::new(CacheGeometry { layers: 1, capacity: len, ..geometry }, device)?;
-        Ok(CascadeStore { policy, cascade, window, per_layer, room, scratch, done: Vec::new(), peak_bytes: 0 })
+        Ok(CascadeStore {
+            policy,
+            cascade,
+            window,
+            per_layer,
+            room,
+            scratch,
+            done: Vec::new(),
+            peak_bytes: 0,
+            spent: 0.0,
+        })
     }
 
     /// The compressed cache and every layer's kept positions.
@@ -90,6 +102,7 @@ impl KvStore for CascadeStore<'_> {
     }
 
     fn observe_queries(&mut self, layer: usize, rotated: &Tensor<3>, raw: &Tensor<3>) -> kvslice_cache::Result<()> {
+        let t0 = now();
         let full = self.scratch.layer(0)?;
         let (keys, values) = full.view();
         let request = StatsRequest { windows: vec![self.window], ..StatsRequest::default() };
@@ -134,6 +147,7 @@ impl KvStore for CascadeStore<'_> {
         let held: usize =
             self.done.iter().map(|(l, _)| l.storage_bytes()).sum::<usize>() + self.scratch.storage_bytes();
         self.peak_bytes = self.peak_bytes.max(held);
+        self.spent += now() - t0;
         Ok(())
     }
 }
@@ -154,7 +168,6 @@ pub(crate) fn prefill(
         .resolve(n, c.num_layers, protect.count(n))
         .map_err(|e| RuntimeError::Options(format!("{}: {e}", compression.label())))?;
     let geometry = CacheGeometry { layers: c.num_layers, kv_heads: c.num_kv_heads, head_dim: c.head_dim, capacity: n };
-    let t0 = now();
     let mut store = CascadeStore::new(
         &compression.policy,
         geometry,
@@ -165,7 +178,7 @@ pub(crate) fn prefill(
     )?;
     let positions: Vec<u32> = (0..n as u32).collect();
     let hidden = model.forward(prompt, &positions, &mut store)?;
-    let peak_bytes = store.peak_bytes;
+    let (peak_bytes, spent) = (store.peak_bytes, store.spent);
     let (cache, kept) = store.finish()?;
     let report = CompressionReport {
         kept_entries: kept.iter().flatten().map(Vec::len).sum(),
@@ -174,7 +187,7 @@ pub(crate) fn prefill(
         full_bytes: 2 * c.num_layers * c.num_kv_heads * n * c.head_dim * 4,
         compressed_bytes: cache.storage_bytes(),
         peak_bytes,
-        plan_time: Duration::from_secs_f64(now() - t0),
+        plan_time: Duration::from_secs_f64(spent),
         compact_time: Duration::ZERO,
     };
     Ok((cache, hidden, report))
