@@ -327,3 +327,21 @@ fn compaction_is_in_place_on_wgpu() {
     let vals = layer.storage().1.clone().into_data().try_to_vec::<f32>().unwrap();
     assert_eq!(&vals[..4], &[1004., 1005., 1006., 1007.]);
 }
+
+/// CriticalKV's input, `‖v_j W_o^h‖₁` per query head, against the policy crate's reference
+/// (which takes the output projection in PyTorch's `[hidden, H·d]` layout).
+#[test]
+fn value_projection_norms_match_the_reference() {
+    let device = cpu();
+    let model = tiny(&device);
+    let (kv, n, d, heads) = (2, 11, 16, 4);
+    let v = values(21, kv * n * d);
+    let got = kvslice_runtime::evict::value_proj_l1(&model, 1, tensor(&v, [kv, n, d], &device));
+    let got = got.into_data().try_to_vec::<f32>().unwrap();
+    let w = model.weights.layers[1].self_attn.o_proj.weight.val(); // [H·d, hidden]
+    let hidden = w.dims()[1];
+    let w_t = w.transpose().into_data().try_to_vec::<f32>().unwrap();
+    let dims = Dims { heads, kv_heads: kv, len: n, head_dim: d };
+    let want = reference::value_proj_l1(dims, &v, &w_t, hidden).unwrap();
+    close("value_proj_l1", &got, &want);
+}

@@ -202,7 +202,7 @@ impl Compression {
 }
 
 /// `[H, n]`: `‖v_j W_o^h‖₁`, each value after its query head's slice of the output projection.
-fn value_proj_l1(model: &Llama, layer: usize, values: Tensor<3>) -> Tensor<2> {
+pub fn value_proj_l1(model: &Llama, layer: usize, values: Tensor<3>) -> Tensor<2> {
     let attn = &model.weights.layers[layer].self_attn;
     let (heads, d) = (attn.num_heads, attn.head_dim);
     let [kv_heads, n, _] = values.dims();
