@@ -8,8 +8,9 @@ rustup target list --installed | grep -q wasm32-unknown-unknown || rustup target
 
 # One build of the whole workspace (tests, the CLI binary) in the dev profile.
 cargo test --locked --workspace --no-run
-# The default model, through the CLI (tests compare it against committed golden data).
-cargo run --locked -q -p kvslice-cli -- fetch
+# The default model and the case generators' corpus, through the CLI (tests compare against
+# committed golden data and regenerate the committed retrieval suites).
+cargo run --locked -q -p kvslice-cli -- fetch --corpus
 
 cargo test --locked --workspace --no-fail-fast
 

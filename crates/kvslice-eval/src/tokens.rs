@@ -59,13 +59,16 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// The default model's tokenizer (`kvslice fetch`), the one the committed suites are sized
-    /// with, against transformers' encodings of the same GGUF (tests/golden/tokenizer).
+    /// The default model's tokenizer (`kvslice fetch`, which scripts/test.sh runs first), the
+    /// one the committed suites are sized with, against transformers' encodings of the same GGUF (tests/golden/tokenizer).
     #[test]
-    #[ignore = "needs the default model (kvslice fetch)"]
     fn default_model_counts_match_transformers() {
-        let home = std::env::var("HOME").unwrap();
-        let path = Path::new(&home).join(".cache/kvslice/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let cache = std::env::var_os("KVSLICE_CACHE_DIR")
+            .filter(|d| !d.is_empty())
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| Path::new(&std::env::var("HOME").unwrap()).join(".cache/kvslice"));
+        let path = cache.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        assert!(path.is_file(), "{} missing: run `kvslice fetch` (scripts/test.sh does)", path.display());
         let tok = load_tokenizer(&path).unwrap();
         let golden: serde_json::Value =
             serde_json::from_str(include_str!("../../../tests/golden/tokenizer/smollm2.json")).unwrap();
