@@ -180,7 +180,7 @@ impl<'m> Session<'m> {
         prompt: &[u32],
         options: &GenerateOptions,
         compression: &Compression,
-        mut on_token: impl FnMut(u32) -> bool,
+        on_token: impl FnMut(u32) -> bool,
     ) -> Result<(Session<'m>, Vec<u32>, GenerationStats, CompressionReport)> {
         let context = model.config.max_position_embeddings;
         let new = options.max_new_tokens.saturating_sub(1);
@@ -201,7 +201,7 @@ impl<'m> Session<'m> {
         };
         #[cfg(target_family = "wasm")]
         let cascaded: Option<(Session<'m>, CompressionReport, u32)> = None;
-        let (mut session, report, mut token) = match cascaded {
+        let (mut session, report, token) = match cascaded {
             Some(done) => done,
             None => {
                 let request = compression.request(model.config.num_layers);
@@ -213,35 +213,16 @@ impl<'m> Session<'m> {
         };
         let mut stats =
             GenerationStats { prompt_tokens: prompt.len(), prefill_seconds: now() - t0, ..Default::default() };
-        let t1 = now();
-        let mut out = Vec::new();
-        while options.max_new_tokens > 0 {
-            out.push(token);
-            let go_on = on_token(token);
-            if !go_on || options.stop_tokens.contains(&token) || out.len() >= options.max_new_tokens {
-                break;
-            }
-            token = session.next_token(&[token], &mut sampler).await?;
-        }
-        stats.generated_tokens = out.len();
-        stats.decode_steps = out.len().saturating_sub(1);
-        stats.decode_seconds = now() - t1;
+        let out = session.decode_from(token, options, &mut sampler, &mut stats, on_token).await?;
         Ok((session, out, stats, report))
     }
 
     /// Greedy decoding after a prefill whose next token is `first`: returns up to
     /// `max_new_tokens` tokens, `first` included, stopping after any of `stop`.
     pub async fn continue_greedy(&mut self, first: u32, max_new_tokens: usize, stop: &[u32]) -> Result<Vec<u32>> {
-        let mut out = Vec::new();
-        let mut token = first;
-        while max_new_tokens > 0 {
-            out.push(token);
-            if stop.contains(&token) || out.len() >= max_new_tokens {
-                break;
-            }
-            token = self.next_greedy(&[token]).await?;
-        }
-        Ok(out)
+        let options = GenerateOptions { max_new_tokens, sampler: Sampler::greedy(), stop_tokens: stop.to_vec() };
+        let mut stats = GenerationStats::default();
+        self.decode_from(first, &options, &mut Sampler::greedy(), &mut stats, |_| true).await
     }
 
     pub fn model(&self) -> &Llama {
@@ -376,7 +357,7 @@ impl<'m> Session<'m> {
         &mut self,
         prompt: &[u32],
         options: &GenerateOptions,
-        mut on_token: impl FnMut(u32) -> bool,
+        on_token: impl FnMut(u32) -> bool,
     ) -> Result<(Vec<u32>, GenerationStats)> {
         if prompt.is_empty() {
             return Err(RuntimeError::Options("empty prompt".into()));
@@ -393,21 +374,38 @@ impl<'m> Session<'m> {
             return Ok((out, stats));
         }
         let t0 = now();
-        let mut token = self.next_token(prompt, &mut sampler).await?;
+        let token = self.next_token(prompt, &mut sampler).await?;
         stats.prefill_seconds = now() - t0;
+        out = self.decode_from(token, options, &mut sampler, &mut stats, on_token).await?;
+        Ok((out, stats))
+    }
+
+    /// Decodes after the token `first` (already chosen from the prefill): reports each token to
+    /// `on_token`, stops at a stop token, at `max_new_tokens` or when `on_token` says so, and
+    /// fills the decode fields of `stats`.
+    async fn decode_from(
+        &mut self,
+        first: u32,
+        options: &GenerateOptions,
+        sampler: &mut Sampler,
+        stats: &mut GenerationStats,
+        mut on_token: impl FnMut(u32) -> bool,
+    ) -> Result<Vec<u32>> {
         let t1 = now();
-        loop {
+        let mut out = Vec::new();
+        let mut token = first;
+        while options.max_new_tokens > 0 {
             out.push(token);
             let go_on = on_token(token);
             if !go_on || options.stop_tokens.contains(&token) || out.len() >= options.max_new_tokens {
                 break;
             }
-            token = self.next_token(&[token], &mut sampler).await?;
+            token = self.next_token(&[token], sampler).await?;
         }
         stats.generated_tokens = out.len();
         stats.decode_steps = out.len().saturating_sub(1);
         stats.decode_seconds = now() - t1;
-        Ok((out, stats))
+        Ok(out)
     }
 }
 
