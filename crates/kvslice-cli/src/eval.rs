@@ -162,6 +162,10 @@ pub fn run(args: EvalArgs, verbose: bool) -> Result<()> {
         if verbose {
             eprintln!("  case done in {:.1}s", t0.elapsed().as_secs_f64());
         }
+        // after every case, so a long sweep that is interrupted keeps what it did
+        if let Some(path) = &args.json {
+            report.write(path)?;
+        }
     }
 
     println!("{}", report.table());
@@ -179,9 +183,6 @@ pub fn run(args: EvalArgs, verbose: bool) -> Result<()> {
         reprefill,
         reprefill / sweep.max(1e-9)
     );
-    if let Some(path) = &args.json {
-        report.write(path)?;
-    }
     if let Some(dir) = &args.plots {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         if report.runs.len() > 1 {
