@@ -1,12 +1,24 @@
 #!/usr/bin/env python3
 """One markdown table from `kvslice eval --json` and `scripts/peers/kvpress_eval.py --json` reports.
 
-Usage: eval_table.py kvslice.json [kvpress.json]
+Usage: eval_table.py [--common] kvslice.json [kvpress.json]
 Rows: the full cache, then every run key's policy (kvpress rows prefixed `kvpress `); columns:
-the budgets in the reports, largest first; cells: passed/total. Standard library only.
+the budgets in the reports, largest first; cells: passed/total. With --common, only the cases
+that every run of every report has are counted (e.g. a comparison run that covered fewer cases).
+Standard library only.
 """
 import json
 import sys
+
+
+COMMON = None
+
+
+def count(run):
+    cases = run["cases"]
+    if COMMON is not None:
+        cases = {k: v for k, v in cases.items() if k in COMMON}
+    return sum(1 for c in cases.values() if c["pass"]), len(cases)
 
 
 def load(path, prefix):
@@ -14,8 +26,8 @@ def load(path, prefix):
     rows = {}
     for key, run in runs.items():
         policy, _, budget = key.partition("@")
-        cell = f'{run["passed"]}/{run["total"]}'
-        rows.setdefault(prefix + policy, {})[budget or "full"] = cell
+        passed, total = count(run)
+        rows.setdefault(prefix + policy, {})[budget or "full"] = f"{passed}/{total}"
     return rows
 
 
@@ -24,14 +36,20 @@ def budget_order(b):
 
 
 def main():
+    global COMMON
+    paths = [a for a in sys.argv[1:] if a != "--common"]
+    if "--common" in sys.argv[1:]:
+        sets = [set(r["cases"]) for p in paths for r in json.load(open(p))["runs"].values()]
+        COMMON = set.intersection(*sets) if sets else set()
     rows = {}
-    for i, path in enumerate(sys.argv[1:]):
+    for i, path in enumerate(paths):
         part = load(path, "" if i == 0 else "kvpress ")
         if i > 0:
             part.pop("kvpress full", None)
             full = json.load(open(path))["runs"].get("full")
             if full:
-                rows["kvpress full"] = {"full": f'{full["passed"]}/{full["total"]}'}
+                passed, total = count(full)
+                rows["kvpress full"] = {"full": f"{passed}/{total}"}
         rows.update(part)
     budgets = sorted({b for r in rows.values() for b in r if b != "full"}, key=budget_order)
     print("| policy | " + " | ".join(budgets) + " |")
