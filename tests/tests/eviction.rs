@@ -226,6 +226,24 @@ fn decode_time_policies_keep_a_fixed_size(device: Device) {
         }
         assert!(session.eviction().unwrap().evicted > 0, "{name}");
     }
+    // CAKE's decoding phase: every layer stays at its own cascade budget (24 per layer on
+    // average), full, with the newest token and its 32-step window cached.
+    let c = compression(&model, "cake", "40L");
+    let (session, tokens, _, report) =
+        pollster::block_on(Session::generate_compressed(&model, &ids, &greedy(30), &c, |_| true)).unwrap();
+    assert_eq!(tokens.len(), 30);
+    let mut total = 0;
+    for (l, layer) in session.cache().layers().iter().enumerate() {
+        assert_eq!(layer.capacity(), report.kept[l][0].len(), "layer {l} keeps its budget");
+        total += layer.capacity();
+        for h in 0..2 {
+            let pos = layer.head_positions(h);
+            assert_eq!(pos.len(), layer.capacity());
+            assert!((57..=88).all(|p| pos.contains(&p)), "layer {l}: window {pos:?}");
+        }
+    }
+    assert_eq!(total, 40 * 3);
+    assert!(session.eviction().unwrap().evicted > 0);
 }
 
 #[test]

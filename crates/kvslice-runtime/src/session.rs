@@ -191,9 +191,10 @@ impl<'m> Session<'m> {
         let t0 = now();
         #[cfg(not(target_family = "wasm"))]
         let cascaded = if compression.cascades() {
-            let (cache, hidden, report) =
+            let (cache, eviction, hidden, report) =
                 crate::evict::cascade::prefill(compression, model, prompt, options.max_new_tokens)?;
-            let session = Session::from_cache(model, cache, prompt.len() as u32);
+            let mut session = Session::from_cache(model, cache, prompt.len() as u32);
+            session.eviction = Some(eviction);
             let token = session.sample_last(hidden, &mut sampler).await?;
             Some((session, report, token))
         } else {

@@ -16,7 +16,7 @@ use kvslice_policy::alloc::{Cake, CakeCascade};
 use kvslice_policy::{LayerInput, Policy, Scores, select_heads};
 
 use super::observe::{StatsRequest, layer_stats};
-use super::{Compression, CompressionReport};
+use super::{Compression, CompressionReport, DecodeEviction};
 use crate::error::RuntimeError;
 use crate::session::now;
 
@@ -67,15 +67,25 @@ impl<'p> CascadeStore<'p> {
         })
     }
 
-    /// The compressed cache and every layer's kept positions.
-    pub fn finish(self) -> crate::Result<(KvCache, Vec<Vec<Vec<u32>>>)> {
-        let kept = self
+    /// The compressed cache, every layer's kept positions and their scores (`[layer][kv_head]`,
+    /// in slot order).
+    #[allow(clippy::type_complexity)]
+    pub fn finish(self) -> crate::Result<(KvCache, Vec<Vec<Vec<u32>>>, Vec<Vec<Vec<f32>>>)> {
+        let kept: Vec<Vec<Vec<u32>>> = self
             .done
             .iter()
             .map(|(l, _)| (0..l.lens().len()).map(|h| l.head_positions(h).to_vec()).collect())
             .collect();
+        let scores = self
+            .done
+            .iter()
+            .zip(&kept)
+            .map(|((_, s), heads)| {
+                heads.iter().enumerate().map(|(h, pos)| pos.iter().map(|&p| s.row(h)[p as usize]).collect()).collect()
+            })
+            .collect();
         let layers = self.done.into_iter().map(|(l, _)| l).collect();
-        Ok((KvCache::from_layers(layers)?, kept))
+        Ok((KvCache::from_layers(layers)?, kept, scores))
     }
 }
 
@@ -152,14 +162,15 @@ impl KvStore for CascadeStore<'_> {
     }
 }
 
-/// Prefills `prompt` with CAKE's cascade: returns the compressed cache (with room for
-/// `max_new_tokens`), the hidden states of the prompt and the report.
+/// Prefills `prompt` with CAKE's cascade: returns the compressed cache (each layer at its
+/// budget: CAKE's decoding phase keeps it there), the decode-time eviction state, the hidden
+/// states of the prompt and the report.
 pub(crate) fn prefill(
     compression: &Compression,
     model: &Llama,
     prompt: &[u32],
     max_new_tokens: usize,
-) -> crate::Result<(KvCache, Tensor<2>, CompressionReport)> {
+) -> crate::Result<(KvCache, DecodeEviction, Tensor<2>, CompressionReport)> {
     let n = prompt.len();
     let c = &model.config;
     let protect = compression.policy.protect(n);
@@ -173,13 +184,14 @@ pub(crate) fn prefill(
         geometry,
         n,
         budget.per_layer,
-        max_new_tokens.saturating_sub(1),
+        compression.room(&compression.decode_rule(budget.per_layer), budget.per_layer, n, max_new_tokens).0,
         model.device(),
     )?;
     let positions: Vec<u32> = (0..n as u32).collect();
     let hidden = model.forward(prompt, &positions, &mut store)?;
     let (peak_bytes, spent) = (store.peak_bytes, store.spent);
-    let (cache, kept) = store.finish()?;
+    let (cache, kept, scores) = store.finish()?;
+    let eviction = DecodeEviction::new(compression.decode_rule(budget.per_layer), &cache, scores);
     let report = CompressionReport {
         kept_entries: kept.iter().flatten().map(Vec::len).sum(),
         kept,
@@ -190,5 +202,5 @@ pub(crate) fn prefill(
         plan_time: Duration::from_secs_f64(spent),
         compact_time: Duration::ZERO,
     };
-    Ok((cache, hidden, report))
+    Ok((cache, eviction, hidden, report))
 }

@@ -44,6 +44,11 @@ pub enum DecodeRule {
     /// Fixed size: when full, the ladder compacts each layer again (LaCache's iterative
     /// compaction), freeing `1/8` of the slots.
     Ladder(Ladder),
+    /// Fixed size at each layer's own budget (CAKE's decoding phase): the entry with the lowest
+    /// indicator `mean + γ·variance` of its attention over the last `window` decode queries
+    /// goes; entries younger than `window` steps are kept. Until an entry has `window`
+    /// observations its indicator is the prefill's.
+    Indicator { window: usize, gamma: f32 },
 }
 
 /// A policy with a budget, ready to compress a prefilled prompt.
@@ -109,6 +114,23 @@ impl Compression {
         request.add(&needs, &self.policy.counter_causal_layers(layers), Some(skip));
     }
 
+    /// Extra slots per head and the least capacity of a compressed layer: room for the new
+    /// tokens when the cache grows; the budget as asked (not clipped to a shorter prompt) when
+    /// the cache keeps a fixed size; for CAKE, each layer's own budget plus what the asked
+    /// budget exceeds the prompt by.
+    pub fn room(&self, rule: &DecodeRule, per_layer: usize, prompt: usize, max_new_tokens: usize) -> (usize, usize) {
+        let new = max_new_tokens.saturating_sub(1);
+        let asked = match self.spec {
+            BudgetSpec::Flat(b) | BudgetSpec::AveragePerLayer(b) => b,
+            BudgetSpec::Fraction { .. } => per_layer,
+        };
+        match rule {
+            DecodeRule::Grow => (new, 0),
+            DecodeRule::Indicator { .. } => (asked.saturating_sub(per_layer).min(new), 0),
+            _ => (0, asked.min(prompt + new).max(1)),
+        }
+    }
+
     /// The decode-time rule of this policy at a budget of `per_layer` tokens.
     pub fn decode_rule(&self, per_layer: usize) -> DecodeRule {
         let protect = self.policy.protect(per_layer);
@@ -116,6 +138,7 @@ impl Compression {
             ("streaming-llm", _) => DecodeRule::Recent { sinks: protect.sinks },
             ("h2o", _) => DecodeRule::Accumulated { recent: protect.recent },
             ("tova", _) => DecodeRule::LastQuery,
+            ("cake", _) => DecodeRule::Indicator { window: protect.recent.max(2), gamma: 200.0 },
             (_, Policy::Ladder(l)) => DecodeRule::Ladder(*l),
             _ => DecodeRule::Grow,
         }
@@ -275,6 +298,10 @@ pub struct DecodeEviction {
     pending: Vec<Option<Tensor<2>>>,
     /// LaCache's ladder cursor per layer, in slot order.
     cursors: Vec<usize>,
+    /// CAKE: per `[layer][kv_head]`, the last `window` attention values of every slot
+    /// (`slot * window + step % window`) and how many each slot has.
+    history: Vec<Vec<(Vec<f32>, Vec<usize>)>>,
+    steps: usize,
     /// Entries evicted so far.
     pub evicted: usize,
 }
@@ -298,7 +325,24 @@ impl DecodeEviction {
             DecodeRule::Ladder(l) => l.sinks(),
             _ => 0,
         };
-        DecodeEviction { rule, scores, pending: vec![None; g.layers], cursors: vec![sinks; g.layers], evicted: 0 }
+        let history = match &rule {
+            DecodeRule::Indicator { window, .. } => (0..g.layers)
+                .map(|l| {
+                    let cap = cache.layer(l).map(LayerKv::capacity).unwrap_or(0);
+                    vec![(vec![0.0; cap * window], vec![0; cap]); g.kv_heads]
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        DecodeEviction {
+            rule,
+            scores,
+            pending: vec![None; g.layers],
+            cursors: vec![sinks; g.layers],
+            history,
+            steps: 0,
+            evicted: 0,
+        }
     }
 
     pub fn rule(&self) -> &DecodeRule {
@@ -306,7 +350,7 @@ impl DecodeEviction {
     }
 
     fn tracks_attention(&self) -> bool {
-        matches!(self.rule, DecodeRule::Accumulated { .. } | DecodeRule::LastQuery)
+        matches!(self.rule, DecodeRule::Accumulated { .. } | DecodeRule::LastQuery | DecodeRule::Indicator { .. })
     }
 
     /// Reads the pending attention back and folds it into the scores.
@@ -320,10 +364,25 @@ impl DecodeEviction {
                 let s = &mut self.scores[l][h];
                 match self.rule {
                     DecodeRule::Accumulated { .. } => s.iter_mut().zip(row).for_each(|(x, &y)| *x += y),
+                    DecodeRule::Indicator { window, gamma } => {
+                        let (ring, counts) = &mut self.history[l][h];
+                        for (slot, &a) in row.iter().enumerate().take(counts.len()) {
+                            ring[slot * window + self.steps % window] = a;
+                            counts[slot] += 1;
+                            if counts[slot] >= window {
+                                let vals = &ring[slot * window..(slot + 1) * window];
+                                let mean = vals.iter().map(|&x| f64::from(x)).sum::<f64>() / window as f64;
+                                let var = vals.iter().map(|&x| (f64::from(x) - mean).powi(2)).sum::<f64>()
+                                    / (window - 1) as f64;
+                                s[slot] = (mean + f64::from(gamma) * var) as f32;
+                            }
+                        }
+                    }
                     _ => s.copy_from_slice(row),
                 }
             }
         }
+        self.steps += 1;
         Ok(())
     }
 
@@ -341,7 +400,7 @@ impl DecodeEviction {
                     DecodeRule::Recent { sinks } => {
                         (0..len).filter(|&s| pos[s] as usize >= sinks).min_by_key(|&s| pos[s]).unwrap_or(len - 1)
                     }
-                    DecodeRule::Accumulated { recent } => {
+                    DecodeRule::Accumulated { recent } | DecodeRule::Indicator { window: recent, .. } => {
                         let newest = position.saturating_sub(recent as u32);
                         let scores = &self.scores[layer][h];
                         (0..len)
@@ -422,6 +481,9 @@ impl KvStore for EvictingStore<'_> {
             if let Some(x) = self.eviction.scores.get_mut(layer).and_then(|l| l.get_mut(h)).and_then(|r| r.get_mut(s)) {
                 *x = 0.0;
             }
+            if let Some((_, counts)) = self.eviction.history.get_mut(layer).and_then(|l| l.get_mut(h)) {
+                counts[s] = 0;
+            }
         }
         self.cache.layer_mut(layer)?.write_slots(&slots, keys, values, positions[0])
     }
@@ -473,19 +535,7 @@ pub async fn compress(
     let plan = compression.plan(stats, full, model).await?;
     let t1 = now();
     let rule = compression.decode_rule(plan.budget.per_layer);
-    let (extra, min_capacity) = match rule {
-        DecodeRule::Grow => (max_new_tokens.saturating_sub(1), 0),
-        // A fixed-size cache holds the budget as asked (not clipped to the prompt), and never
-        // more than the prompt and the new tokens.
-        _ => {
-            let n = full.max_len();
-            let asked = match compression.spec {
-                BudgetSpec::Flat(b) | BudgetSpec::AveragePerLayer(b) => b,
-                BudgetSpec::Fraction { .. } => plan.budget.per_layer,
-            };
-            (0, asked.min(n + max_new_tokens.saturating_sub(1)).max(1))
-        }
-    };
+    let (extra, min_capacity) = compression.room(&rule, plan.budget.per_layer, full.max_len(), max_new_tokens);
     let cache = compress_cache(full, &plan.kept, extra, min_capacity)?;
     cache_sync(&cache)?;
     let t2 = now();
