@@ -19,7 +19,7 @@ pub mod observe;
 use std::time::Duration;
 
 use burn::tensor::activation::softmax;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData, Transaction};
 use kvslice_cache::{KvCache, KvStore, LayerKv};
 use kvslice_model::Llama;
 use kvslice_policy::{BudgetSpec, KvView, Ladder, LayerInput, ModelInfo, Plan, Policy, WindowStats};
@@ -355,10 +355,21 @@ impl DecodeEviction {
 
     /// Reads the pending attention back and folds it into the scores.
     pub(crate) async fn absorb(&mut self) -> Result<()> {
+        // every layer's attention in one read-back (one device sync per decode step)
+        let mut layers = Vec::new();
+        let mut tx = Transaction::default();
         for l in 0..self.pending.len() {
-            let Some(t) = self.pending[l].take() else { continue };
-            let [kv_heads, cap] = t.dims();
-            let a = read_f32(t).await?;
+            if let Some(t) = self.pending[l].take() {
+                layers.push((l, t.dims()));
+                tx = tx.register(t);
+            }
+        }
+        if layers.is_empty() {
+            return Ok(());
+        }
+        let data = tx.execute_async().await.map_err(|e| RuntimeError::Readback(format!("{e:?}")))?;
+        for ((l, [kv_heads, cap]), d) in layers.into_iter().zip(data) {
+            let a = d.try_to_vec::<f32>().map_err(|e| RuntimeError::Readback(format!("{e:?}")))?;
             for h in 0..kv_heads {
                 let row = &a[h * cap..(h + 1) * cap];
                 let s = &mut self.scores[l][h];
