@@ -248,23 +248,32 @@ impl KvStore for Recorder<'_> {
         self.heads = heads;
         self.len = n;
         let (keys, values) = stored.view();
-        let req = self.request;
-        let mut out = LayerTensors::default();
-        for &w in &req.windows {
-            out.windows.push(window_tensors(rotated, &keys, &values, w.min(n), req.value_weighted, req.projection));
-        }
-        if req.accumulated {
-            out.accumulated = Some(column_sums(rotated, &keys, Direction::Causal));
-        }
-        if req.counter_causal_layers.contains(&layer) {
-            out.counter_causal = Some(column_sums(rotated, &keys, Direction::CounterCausal));
-        }
-        if let Some(skip) = req.query_moments_skip.filter(|&s| s < n) {
-            out.moments = Some(moments(raw, skip));
-        }
-        self.layers[layer] = out;
+        let counter_causal = self.request.counter_causal_layers.contains(&layer);
+        self.layers[layer] = compute(rotated, raw, &keys, &values, self.request, counter_causal);
         self.compute_seconds += crate::session::now() - t0;
         Ok(())
+    }
+}
+
+/// Everything `request` asks of one layer, queued on the device.
+fn compute(
+    rotated: &Tensor<3>,
+    raw: &Tensor<3>,
+    keys: &Tensor<3>,
+    values: &Tensor<3>,
+    request: &StatsRequest,
+    counter_causal: bool,
+) -> LayerTensors {
+    let n = rotated.dims()[1];
+    LayerTensors {
+        windows: request
+            .windows
+            .iter()
+            .map(|&w| window_tensors(rotated, keys, values, w.min(n), request.value_weighted, request.projection))
+            .collect(),
+        accumulated: request.accumulated.then(|| column_sums(rotated, keys, Direction::Causal)),
+        counter_causal: counter_causal.then(|| column_sums(rotated, keys, Direction::CounterCausal)),
+        moments: request.query_moments_skip.filter(|&s| s < n).map(|skip| moments(raw, skip)),
     }
 }
 
@@ -384,19 +393,7 @@ pub async fn layer_stats(
     counter_causal: bool,
 ) -> Result<HostLayerStats> {
     let [heads, n, d] = rotated.dims();
-    let mut layer = LayerTensors::default();
-    for &w in &request.windows {
-        layer.windows.push(window_tensors(rotated, keys, values, w.min(n), request.value_weighted, request.projection));
-    }
-    if request.accumulated {
-        layer.accumulated = Some(column_sums(rotated, keys, Direction::Causal));
-    }
-    if counter_causal {
-        layer.counter_causal = Some(column_sums(rotated, keys, Direction::CounterCausal));
-    }
-    if let Some(skip) = request.query_moments_skip.filter(|&s| s < n) {
-        layer.moments = Some(moments(raw, skip));
-    }
+    let layer = compute(rotated, raw, keys, values, request, counter_causal);
     let obs = Observations {
         layers: vec![layer],
         compute_seconds: 0.0,
