@@ -48,6 +48,9 @@ fn stats_match_reference(device: Device) {
         accumulated: true,
         counter_causal_layers: vec![0],
         query_moments_skip: Some(4),
+        jacobian: true,
+        leverage: true,
+        twins: true,
     };
     let got = pollster::block_on(layer_stats(
         &tensor(&q, [h, n, d], &device),
@@ -70,6 +73,19 @@ fn stats_match_reference(device: Device) {
         close("projection", s.projection.as_ref().unwrap(), want.projection.as_ref().unwrap());
         close("accumulated", s.accumulated.as_ref().unwrap(), want.accumulated.as_ref().unwrap());
         close("counter_causal", s.counter_causal.as_ref().unwrap(), want.counter_causal.as_ref().unwrap());
+        close("jacobian", s.jacobian.as_ref().unwrap(), want.jacobian.as_ref().unwrap());
+        close("leverage", s.leverage.as_ref().unwrap(), want.leverage.as_ref().unwrap());
+        // best twins: the same similarity; the position is the reference's or one whose
+        // similarity ties it
+        let (sim, index) = (s.twin.as_ref().unwrap(), s.twin_index.as_ref().unwrap());
+        close("twin", sim, want.twin.as_ref().unwrap());
+        let (ref_sim, ref_index) = kvslice_policy::scorer::twin::twins(&k, kv, n, d).unwrap();
+        for (r, (&i, &j)) in index.iter().zip(&ref_index).enumerate() {
+            assert!(i == j || (ref_sim[r] - sim[r]).abs() < 1e-5, "twin of row {r}: {i} vs reference {j}");
+            if i != u32::MAX {
+                assert!((i as usize).abs_diff(r % n) > kvslice_policy::scorer::twin::EXCLUSION, "row {r}");
+            }
+        }
     }
     let m = got.moments.unwrap();
     let want = kvslice_policy::QueryMoments::from_queries(&raw, h, n, d, 4).unwrap();
@@ -110,7 +126,16 @@ fn budget_past_the_prompt_keeps_everything(device: Device) {
     let ids = prompt(150);
     let mut full = Session::new(&model, 170).unwrap();
     let (want, _) = pollster::block_on(full.generate(&ids, &greedy(12), |_| true)).unwrap();
-    for (name, budget) in [("snapkv", "100%"), ("h2o", "4096"), ("streaming-llm", "170"), ("cake", "200L")] {
+    for (name, budget) in [
+        ("snapkv", "100%"),
+        ("h2o", "4096"),
+        ("streaming-llm", "170"),
+        ("cake", "200L"),
+        ("jacap", "100%"),
+        ("snapkv-twin", "100%"),
+        ("twinkv", "150"),
+        ("inertiakv", "170"),
+    ] {
         let c = compression(&model, name, budget);
         let (session, got, _, report) =
             pollster::block_on(Session::generate_compressed(&model, &ids, &greedy(12), &c, |_| true)).unwrap();
@@ -207,7 +232,7 @@ fn streaming_llm_keeps_sinks_and_recent_wgpu() {
 fn decode_time_policies_keep_a_fixed_size(device: Device) {
     let model = tiny(&device);
     let ids = prompt(60);
-    for name in ["h2o", "tova", "lacache"] {
+    for name in ["h2o", "tova", "lacache", "inertiakv", "inertiakv-lazy", "inertiakv-score-free"] {
         let c = compression(&model, name, "24");
         let (session, tokens, _, _) =
             pollster::block_on(Session::generate_compressed(&model, &ids, &greedy(30), &c, |_| true)).unwrap();
@@ -224,7 +249,19 @@ fn decode_time_policies_keep_a_fixed_size(device: Device) {
                 }
             }
         }
-        assert!(session.eviction().unwrap().evicted > 0, "{name}");
+        let eviction = session.eviction().unwrap();
+        assert!(eviction.evicted > 0, "{name}");
+        // 29 decode steps: InertiaKV folds attention in at each, the lazy variant at steps
+        // 1, 5, …, 29 (8), score-free decoding never
+        let refreshes = match name {
+            "inertiakv" => Some(29),
+            "inertiakv-lazy" => Some(8),
+            "inertiakv-score-free" => Some(0),
+            _ => None,
+        };
+        if let Some(r) = refreshes {
+            assert_eq!(eviction.refreshes(), r, "{name}");
+        }
     }
     // CAKE's decoding phase: every layer stays at its own cascade budget (24 per layer on
     // average), full, with the newest token and its 32-step window cached.
@@ -362,4 +399,49 @@ fn value_projection_norms_match_the_reference() {
     let dims = Dims { heads, kv_heads: kv, len: n, head_dim: d };
     let want = reference::value_proj_l1(dims, &v, &w_t, hidden).unwrap();
     close("value_proj_l1", &got, &want);
+}
+
+/// Score-free decoding (InertiaKV's frozen ranking): with 24 slots and 11 tokens fed after the
+/// 60-token prompt, the cache ends with every generated token and the 13 prompt entries that
+/// rank best by the last prompt query's group-mean attention (as the policy crate scores it
+/// from the recorded statistics), the lowest going first and ties to the older position.
+fn score_free_decoding_evicts_in_the_frozen_order(device: Device) {
+    let model = tiny(&device);
+    let ids = prompt(60);
+    let c = compression(&model, "inertiakv-score-free", "24");
+    let (session, tokens, _, _) =
+        pollster::block_on(Session::generate_compressed(&model, &ids, &greedy(12), &c, |_| true)).unwrap();
+    assert_eq!(tokens.len(), 12);
+    let prefilled = pollster::block_on(Session::prefill_for(&model, &ids, &c.request(3))).unwrap();
+    let policy = c.policy();
+    for (l, layer) in session.cache().layers().iter().enumerate() {
+        let w = prefilled.stats[l].window(1).unwrap();
+        let scores = policy.score_layer(&kvslice_policy::LayerInput::new(w), 24).unwrap().unwrap();
+        for h in 0..2 {
+            let row = scores.row(h);
+            // the prefill keeps the last token and the 23 best others; decoding then drops the
+            // 11 lowest of those 24
+            let mut order: Vec<u32> = (0..59).collect();
+            order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+            let mut kept: Vec<u32> = order[..23].to_vec();
+            kept.push(59);
+            kept.sort_by(|&a, &b| row[a as usize].total_cmp(&row[b as usize]).then(a.cmp(&b)));
+            let mut want: Vec<u32> = kept[11..].to_vec();
+            want.extend(60..71);
+            want.sort_unstable();
+            let mut got = layer.head_positions(h).to_vec();
+            got.sort_unstable();
+            assert_eq!(got, want, "layer {l} head {h}");
+        }
+    }
+}
+
+#[test]
+fn score_free_decoding_evicts_in_the_frozen_order_cpu() {
+    score_free_decoding_evicts_in_the_frozen_order(cpu());
+}
+
+#[test]
+fn score_free_decoding_evicts_in_the_frozen_order_wgpu() {
+    score_free_decoding_evicts_in_the_frozen_order(wgpu());
 }

@@ -28,8 +28,8 @@ pub use ladder::{Ladder, LadderPlan};
 pub use pool::Pooling;
 pub use registry::{Entry, LayerInput, ModelInfo, Plan, Policy, build, listing, lookup, registry};
 pub use scorer::{
-    AnDPro, CakeIndicator, CounterCausal, CounterCausalPass, CriticalKv, ExpectedAttention, H2o, Knorm, Rope, Scorer,
-    SnapKv, Span, StreamingLlm, Tova,
+    AnDPro, CakeIndicator, CounterCausal, CounterCausalPass, CriticalKv, ExpectedAttention, H2o, Inertia, Jacap, Knorm,
+    Refresh, Rope, Scorer, SnapKv, Span, StreamingLlm, Temporal, Tova, TwinKv, TwinRepair,
 };
 pub use select::{Protect, select_heads, select_top_k};
 pub use stats::{GroupReduce, KvView, Needs, QueryMoments, ScoreInput, Scores, WindowStats, reduce_groups};

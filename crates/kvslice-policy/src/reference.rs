@@ -107,7 +107,8 @@ pub fn counter_causal_sums(dims: Dims, q: &[f32], k: &[f32]) -> Result<Vec<f32>>
     Ok(out.into_iter().map(|x| x as f32).collect())
 }
 
-/// All window statistics of one layer over the last `window` queries, optional fields included.
+/// All window statistics of one layer over the last `window` queries, optional fields included
+/// (Jacap's leverage and TwinKV's twins too).
 pub fn window_stats(dims: Dims, q: &[f32], k: &[f32], v: &[f32], window: usize) -> Result<WindowStats> {
     dims.check(q, k, Some(v))?;
     let Dims { heads, kv_heads, len: n, head_dim: d } = dims;
@@ -131,6 +132,8 @@ pub fn window_stats(dims: Dims, q: &[f32], k: &[f32], v: &[f32], window: usize) 
         projection: Some(vec![0.0; heads * n]),
         accumulated: Some(vec![0.0; heads * n]),
         counter_causal: Some(counter_causal_sums(dims, q, k)?),
+        jacobian: Some(vec![0.0; heads * n]),
+        ..WindowStats::default()
     };
     let vnorm: Vec<f64> =
         (0..kv_heads * n).map(|r| dot(&v[r * d..(r + 1) * d], &v[r * d..(r + 1) * d]).sqrt()).collect();
@@ -139,6 +142,7 @@ pub fn window_stats(dims: Dims, q: &[f32], k: &[f32], v: &[f32], window: usize) 
         let a = |i: usize, j: usize| att[(h * n + i) * n + j];
         let mut ent = 0f64;
         let mut proj = vec![0f64; n];
+        let mut jac = vec![0f64; n];
         for i in n - w..n {
             ent -= (0..prefix).map(|j| a(i, j) * (a(i, j) + 1e-10).ln()).sum::<f64>();
             // o_i = Σ_j a_ij v_j, then the projection of each v_j on o_i/‖o_i‖
@@ -153,6 +157,8 @@ pub fn window_stats(dims: Dims, q: &[f32], k: &[f32], v: &[f32], window: usize) 
                 let vj = &v[(kh * n + j) * d..(kh * n + j + 1) * d];
                 let p: f64 = vj.iter().zip(&o).map(|(&x, y)| f64::from(x) * y).sum::<f64>() / on.max(f64::MIN_POSITIVE);
                 proj[j] += a(i, j) * p;
+                let dev: f64 = vj.iter().zip(&o).map(|(&x, y)| (f64::from(x) - y).powi(2)).sum::<f64>().sqrt();
+                jac[j] += a(i, j) * dev;
             }
         }
         s.entropy[h] = (ent / w as f64) as f32;
@@ -173,8 +179,17 @@ pub fn window_stats(dims: Dims, q: &[f32], k: &[f32], v: &[f32], window: usize) 
             if let Some(t) = s.accumulated.as_mut() {
                 t[h * n + j] = acc as f32;
             }
+            if let Some(t) = s.jacobian.as_mut() {
+                t[h * n + j] = (jac[j] / w as f64) as f32;
+            }
         }
     }
+    let jac = s.jacobian.as_deref().unwrap_or_default();
+    let w = crate::scorer::jacap::weights(jac, heads, kv_heads, n)?;
+    s.leverage = Some(crate::scorer::jacap::ridge_leverage(k, &w.data, kv_heads, n, d)?);
+    let (twin, twin_index) = crate::scorer::twin::twins(k, kv_heads, n, d)?;
+    s.twin = Some(twin);
+    s.twin_index = Some(twin_index);
     Ok(s)
 }
 

@@ -5,8 +5,8 @@ use crate::budget::{BudgetSpec, ResolvedBudget};
 use crate::error::{PolicyError, Result};
 use crate::ladder::Ladder;
 use crate::scorer::{
-    AnDPro, CakeIndicator, CounterCausal, CriticalKv, ExpectedAttention, H2o, Knorm, Rope, Scorer, SnapKv, Span,
-    StreamingLlm, Tova,
+    AnDPro, CakeIndicator, CounterCausal, CriticalKv, ExpectedAttention, H2o, Inertia, Jacap, Knorm, Rope, Scorer,
+    SnapKv, Span, StreamingLlm, Temporal, Tova, TwinKv, TwinRepair,
 };
 use crate::select::Protect;
 use crate::stats::{KvView, Needs, QueryMoments, ScoreInput, Scores, WindowStats};
@@ -30,6 +30,8 @@ pub enum Policy {
         scorer: Box<dyn Scorer>,
         /// The split of the budget over layers and heads.
         allocator: Box<dyn Allocator>,
+        /// TwinKV's repair pass over the selection, when composed.
+        repair: Option<TwinRepair>,
     },
     /// A position rule without scores (LaCache's ladder).
     Ladder(Ladder),
@@ -70,8 +72,22 @@ impl Policy {
     /// The inputs the runtime must produce.
     pub fn needs(&self) -> Needs {
         match self {
-            Policy::Scored { scorer, .. } => scorer.needs(),
+            Policy::Scored { scorer, repair, .. } => {
+                let needs = scorer.needs();
+                match repair {
+                    Some(r) => needs.union(r.needs()),
+                    None => needs,
+                }
+            }
             Policy::Ladder(_) => Needs::default(),
+        }
+    }
+
+    /// The temporal rule of a decode-time scorer (InertiaKV), if any.
+    pub fn temporal(&self) -> Option<Temporal> {
+        match self {
+            Policy::Scored { scorer, .. } => scorer.temporal(),
+            Policy::Ladder(_) => None,
         }
     }
 
@@ -118,7 +134,7 @@ impl Policy {
         let protect = self.protect(rough.per_layer);
         let budget = spec.resolve(n, layers.len(), protect.count(n))?;
         match self {
-            Policy::Scored { allocator, .. } => {
+            Policy::Scored { allocator, repair, .. } => {
                 let scores = layers
                     .iter()
                     .map(|l| Ok(self.score_layer(l, budget.per_layer)?.expect("scored policy")))
@@ -126,7 +142,14 @@ impl Policy {
                 let ls: Vec<LayerScores<'_>> =
                     layers.iter().zip(&scores).map(|(l, s)| LayerScores { stats: l.stats, scores: s }).collect();
                 let alloc = allocator.allocate(&ls, &budget, protect)?;
-                let kept = alloc.select(&ls, protect)?;
+                let mut kept = alloc.select(&ls, protect)?;
+                if let Some(r) = repair {
+                    for (l, layer) in kept.iter_mut().enumerate() {
+                        for (h, head) in layer.iter_mut().enumerate() {
+                            *head = r.repair_head(layers[l].stats, h, scores[l].row(h), head, protect)?.0;
+                        }
+                    }
+                }
                 Ok(Plan { budget, budgets: alloc.budgets, kept })
             }
             Policy::Ladder(ladder) => {
@@ -160,7 +183,11 @@ impl Entry {
 }
 
 fn scored(scorer: impl Scorer + 'static, allocator: impl Allocator + 'static) -> Result<Policy> {
-    Ok(Policy::Scored { scorer: Box::new(scorer), allocator: Box::new(allocator) })
+    Ok(Policy::Scored { scorer: Box::new(scorer), allocator: Box::new(allocator), repair: None })
+}
+
+fn repaired(scorer: impl Scorer + 'static, allocator: impl Allocator + 'static) -> Result<Policy> {
+    Ok(Policy::Scored { scorer: Box::new(scorer), allocator: Box::new(allocator), repair: Some(TwinRepair::default()) })
 }
 
 static REGISTRY: &[Entry] = &[
@@ -220,6 +247,7 @@ static REGISTRY: &[Entry] = &[
             Ok(Policy::Scored {
                 scorer: Box::new(CriticalKv::new(Box::new(SnapKv::default()))),
                 allocator: Box::new(Uniform),
+                repair: None,
             })
         },
     },
@@ -270,6 +298,48 @@ static REGISTRY: &[Entry] = &[
         paper: "Ada-KV (arXiv:2407.11550) over span-dilated SnapKV scores (kvslice)",
         summary: "Ada-KV head budgets over SnapKV scores dilated over spans",
         build: |_| scored(Span::new(Box::new(SnapKv::default())), AdaKv::default()),
+    },
+    Entry {
+        name: "twinkv",
+        paper: "Chen et al. 2026, TwinKV: A Composable Repair Pass for KV Cache Eviction via Pairwise Key Redundancy (arXiv:2608.27128)",
+        summary: "attention-free: keys without a near-duplicate (cosine) outside ±8 positions kept first",
+        build: |_| scored(TwinKv::default(), Uniform),
+    },
+    Entry {
+        name: "snapkv-twin",
+        paper: "SnapKV (arXiv:2404.14469) + TwinKV's repair pass (arXiv:2608.27128)",
+        summary: "SnapKV, then evicted tokens without a surviving twin swapped for kept redundant ones (τ = 0.85)",
+        build: |_| repaired(SnapKv::default(), Uniform),
+    },
+    Entry {
+        name: "adakv-twin",
+        paper: "Ada-KV (arXiv:2407.11550) + TwinKV's repair pass (arXiv:2608.27128)",
+        summary: "Ada-KV head budgets over SnapKV, then TwinKV's repair per head",
+        build: |_| repaired(SnapKv::original(), AdaKv::default()),
+    },
+    Entry {
+        name: "inertiakv",
+        paper: "Zeng et al. 2026, What Matters for Aggressive Decoding-Time KV Eviction? Temporal Aggregation and Ranking Preservation (arXiv:2609.03515)",
+        summary: "fixed cache while decoding: lowest EMA (α = 0.8) of each step's group attention goes",
+        build: |_| scored(Inertia::every_step(), Uniform),
+    },
+    Entry {
+        name: "inertiakv-lazy",
+        paper: "InertiaKV-Lazy (arXiv:2609.03515)",
+        summary: "InertiaKV with scores refreshed every 4 decode steps",
+        build: |_| scored(Inertia::lazy(), Uniform),
+    },
+    Entry {
+        name: "inertiakv-score-free",
+        paper: "InertiaKV's score-free decoding (arXiv:2609.03515)",
+        summary: "the prompt's ranking scored once (last prompt query) and frozen while decoding",
+        build: |_| scored(Inertia::score_free(), Uniform),
+    },
+    Entry {
+        name: "jacap",
+        paper: "Jacap: eviction from a first-order (Jacobian) view of attention, with key leverage scores (kvslice's realisation)",
+        summary: "ridge leverage of the keys weighted by ‖∂o/∂s_j‖ = a_j‖v_j − o‖ over a 32-query window",
+        build: |_| scored(Jacap::default(), Uniform),
     },
     Entry {
         name: "lacache",

@@ -45,6 +45,20 @@ pub struct WindowStats {
     /// `[H, n]`, optional: `Σ_{i ≤ j} c_ij`, the column sums of counter-causal attention
     /// `c_ij = softmax_{j ≥ i}(⟨q_i, k_j⟩/√d)` (each query sees itself and the later keys).
     pub counter_causal: Option<Vec<f32>>,
+    /// `[H, n]`, optional: `mean_q a_qj · ‖v_j − o_q‖₂`, the norm of the attention output's
+    /// derivative with respect to key `j`'s logit, `∂o_q/∂s_qj = a_qj (v_j − o_q)`, averaged over
+    /// the window queries (Jacap's softmax-aware importance weight).
+    pub jacobian: Option<Vec<f32>>,
+    /// `[H_kv, n]`, optional: ridge leverage of the keys weighted by the group-mean `jacobian`
+    /// weights, `ℓ_j = w_j k_jᵀ (Kᵀ W K + λ I)⁻¹ k_j` with `λ = tr(Kᵀ W K) / d` (see
+    /// [`crate::scorer::jacap`]).
+    pub leverage: Option<Vec<f32>>,
+    /// `[H_kv, n]`, optional: each key's highest cosine similarity to another key of its KV head
+    /// farther than [`crate::scorer::twin::EXCLUSION`] positions away (TwinKV's redundancy);
+    /// `−1` when there is none.
+    pub twin: Option<Vec<f32>>,
+    /// `[H_kv, n]`, optional: the position of that most similar key (`u32::MAX` when none).
+    pub twin_index: Option<Vec<u32>>,
 }
 
 /// Which inputs a scorer needs, so the runtime asks the kernels only for those.
@@ -68,6 +82,12 @@ pub struct Needs {
     pub query_moments: bool,
     /// `‖W_o^h v_j‖₁` per query head ([`ScoreInput::value_proj_l1`]).
     pub value_proj_l1: bool,
+    /// `WindowStats::jacobian`.
+    pub jacobian: bool,
+    /// `WindowStats::leverage` (implies `jacobian`).
+    pub leverage: bool,
+    /// `WindowStats::twin` and `WindowStats::twin_index`.
+    pub twins: bool,
 }
 
 impl Needs {
@@ -83,6 +103,9 @@ impl Needs {
             values: self.values || o.values,
             query_moments: self.query_moments || o.query_moments,
             value_proj_l1: self.value_proj_l1 || o.value_proj_l1,
+            jacobian: self.jacobian || o.jacobian,
+            leverage: self.leverage || o.leverage,
+            twins: self.twins || o.twins,
         }
     }
 }
@@ -126,9 +149,28 @@ impl WindowStats {
             ("projection", &self.projection),
             ("accumulated", &self.accumulated),
             ("counter_causal", &self.counter_causal),
+            ("jacobian", &self.jacobian),
         ] {
             if let Some(v) = opt {
                 check_len(what, v, hn)?;
+            }
+        }
+        let kn = self.kv_heads * self.len;
+        for (what, opt) in [("leverage", &self.leverage), ("twin", &self.twin)] {
+            if let Some(v) = opt {
+                check_len(what, v, kn)?;
+            }
+        }
+        if let Some(t) = &self.twin_index {
+            if t.len() != kn {
+                return Err(PolicyError::ShapeMismatch { what: "twin_index", expected: kn, got: t.len() });
+            }
+            if let Some(index) = t.iter().position(|&i| i != u32::MAX && i as usize >= self.len) {
+                return Err(PolicyError::ShapeMismatch {
+                    what: "twin_index entry (a position)",
+                    expected: self.len,
+                    got: t[index] as usize,
+                });
             }
         }
         Ok(())

@@ -76,11 +76,16 @@ fn every_registered_policy_plans_valid_kept_sets() {
             || needs.accumulated
             || needs.projection
             || needs.counter_causal
+            || needs.twins
+            || needs.leverage
         {
             let mut bare = stats[0].clone();
             bare.accumulated = None;
             bare.projection = None;
             bare.counter_causal = None;
+            bare.leverage = None;
+            bare.twin = None;
+            bare.twin_index = None;
             let only = vec![LayerInput::new(&bare); p.layers];
             assert!(policy.plan(&only, &"50%".parse().unwrap()).is_err(), "{} without its inputs", entry.name);
         }

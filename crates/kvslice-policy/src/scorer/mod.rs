@@ -14,11 +14,14 @@ pub mod counter_causal;
 pub mod critical;
 pub mod expected_attention;
 pub mod h2o;
+pub mod inertia;
+pub mod jacap;
 pub mod knorm;
 pub mod snapkv;
 pub mod span;
 pub mod streaming;
 pub mod tova;
+pub mod twin;
 
 pub use andpro::AnDPro;
 pub use cake::CakeIndicator;
@@ -26,11 +29,14 @@ pub use counter_causal::{CounterCausal, CounterCausalPass};
 pub use critical::CriticalKv;
 pub use expected_attention::{ExpectedAttention, Rope};
 pub use h2o::H2o;
+pub use inertia::{Inertia, Refresh, Temporal};
+pub use jacap::Jacap;
 pub use knorm::Knorm;
 pub use snapkv::SnapKv;
 pub use span::Span;
 pub use streaming::StreamingLlm;
 pub use tova::Tova;
+pub use twin::{TwinKv, TwinRepair};
 
 /// A KV-cache importance score. Implementations validate their parameters at construction and
 /// define `score` on the CPU; the GPU path must agree with it.
@@ -48,6 +54,11 @@ pub trait Scorer: Debug + Send + Sync {
     /// layer only, the runtime hands that layer's column sums to every layer.
     fn counter_causal_layers(&self, layers: usize) -> Vec<usize> {
         (0..layers).collect()
+    }
+    /// For decode-time policies that aggregate scores over decode steps (InertiaKV): the
+    /// temporal rule. `None` (the default) for prefill-time scorers.
+    fn temporal(&self) -> Option<Temporal> {
+        None
     }
 }
 

@@ -22,7 +22,7 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{Int, Tensor, TensorData, Transaction};
 use kvslice_cache::{KvCache, KvStore, LayerKv};
 use kvslice_model::Llama;
-use kvslice_policy::{BudgetSpec, KvView, Ladder, LayerInput, ModelInfo, Plan, Policy, WindowStats};
+use kvslice_policy::{BudgetSpec, KvView, Ladder, LayerInput, ModelInfo, Plan, Policy, Temporal, WindowStats};
 
 use crate::error::{Result, RuntimeError};
 use crate::session::read_f32;
@@ -49,6 +49,10 @@ pub enum DecodeRule {
     /// goes; entries younger than `window` steps are kept. Until an entry has `window`
     /// observations its indicator is the prefill's.
     Indicator { window: usize, gamma: f32 },
+    /// Fixed size: the entry with the lowest exponential moving average of its group-mean
+    /// attention goes (InertiaKV), the attention folded in at the refresh steps only (every
+    /// step, every `r` steps, or never: score-free). Entries not scored yet stay.
+    Inertia(Temporal),
 }
 
 /// A policy with a budget, ready to compress a prefilled prompt.
@@ -134,6 +138,9 @@ impl Compression {
     /// The decode-time rule of this policy at a budget of `per_layer` tokens.
     pub fn decode_rule(&self, per_layer: usize) -> DecodeRule {
         let protect = self.policy.protect(per_layer);
+        if let Some(t) = self.policy.temporal() {
+            return DecodeRule::Inertia(t);
+        }
         match (self.name.as_str(), &self.policy) {
             ("streaming-llm", _) => DecodeRule::Recent { sinks: protect.sinks },
             ("h2o", _) => DecodeRule::Accumulated { recent: protect.recent },
@@ -302,6 +309,10 @@ pub struct DecodeEviction {
     /// (`slot * window + step % window`) and how many each slot has.
     history: Vec<Vec<(Vec<f32>, Vec<usize>)>>,
     steps: usize,
+    /// Per layer, the used slots of each head when its pending attention was taken.
+    lens: Vec<Vec<usize>>,
+    /// Decode steps begun (counted at layer 0's query), for refresh schedules.
+    ticks: usize,
     /// Entries evicted so far.
     pub evicted: usize,
 }
@@ -341,6 +352,8 @@ impl DecodeEviction {
             cursors: vec![sinks; g.layers],
             history,
             steps: 0,
+            lens: vec![Vec::new(); g.layers],
+            ticks: 0,
             evicted: 0,
         }
     }
@@ -350,7 +363,16 @@ impl DecodeEviction {
     }
 
     fn tracks_attention(&self) -> bool {
-        matches!(self.rule, DecodeRule::Accumulated { .. } | DecodeRule::LastQuery | DecodeRule::Indicator { .. })
+        match self.rule {
+            DecodeRule::Accumulated { .. } | DecodeRule::LastQuery | DecodeRule::Indicator { .. } => true,
+            DecodeRule::Inertia(t) => t.refresh.at(self.ticks),
+            _ => false,
+        }
+    }
+
+    /// Decode steps whose attention was folded into the scores.
+    pub fn refreshes(&self) -> usize {
+        self.steps
     }
 
     /// Reads the pending attention back and folds it into the scores.
@@ -389,6 +411,14 @@ impl DecodeEviction {
                             }
                         }
                     }
+                    DecodeRule::Inertia(t) => {
+                        // free slots carry no score
+                        let len = s.len().min(row.len());
+                        let mut step = row[..len].to_vec();
+                        let used = self.lens.get(l).and_then(|x| x.get(h)).copied().unwrap_or(len);
+                        step.iter_mut().skip(used).for_each(|x| *x = f32::NAN);
+                        t.fold(&mut s[..len], &step);
+                    }
                     _ => s.copy_from_slice(row),
                 }
             }
@@ -419,6 +449,8 @@ impl DecodeEviction {
                             .min_by(|&a, &b| scores[a].total_cmp(&scores[b]).then(pos[a].cmp(&pos[b])))
                             .unwrap_or_else(|| (0..len).min_by_key(|&s| pos[s]).unwrap_or(0))
                     }
+                    DecodeRule::Inertia(_) => Temporal::victim(&self.scores[layer][h][..len], &pos[..len])
+                        .unwrap_or_else(|| (0..len).min_by_key(|&s| pos[s]).unwrap_or(0)),
                     _ => {
                         let scores = &self.scores[layer][h];
                         (0..len).min_by(|&a, &b| scores[a].total_cmp(&scores[b]).then(pos[a].cmp(&pos[b]))).unwrap_or(0)
@@ -488,9 +520,10 @@ impl KvStore for EvictingStore<'_> {
         }
         let kv = self.cache.layer(layer)?;
         let slots = self.eviction.choose_slots(layer, kv, positions[0]);
+        let fresh = if matches!(self.eviction.rule, DecodeRule::Inertia(_)) { f32::NAN } else { 0.0 };
         for (h, &s) in slots.iter().enumerate() {
             if let Some(x) = self.eviction.scores.get_mut(layer).and_then(|l| l.get_mut(h)).and_then(|r| r.get_mut(s)) {
-                *x = 0.0;
+                *x = fresh;
             }
             if let Some((_, counts)) = self.eviction.history.get_mut(layer).and_then(|l| l.get_mut(h)) {
                 counts[s] = 0;
@@ -504,10 +537,19 @@ impl KvStore for EvictingStore<'_> {
     }
 
     fn observe_queries(&mut self, layer: usize, rotated: &Tensor<3>, _raw: &Tensor<3>) -> kvslice_cache::Result<()> {
-        if !self.eviction.tracks_attention() || rotated.dims()[1] != 1 {
+        if rotated.dims()[1] != 1 {
+            return Ok(());
+        }
+        if layer == 0 {
+            self.eviction.ticks += 1;
+        }
+        if !self.eviction.tracks_attention() {
             return Ok(());
         }
         let kv = self.cache.layer(layer)?;
+        if let Some(l) = self.eviction.lens.get_mut(layer) {
+            *l = kv.lens().to_vec();
+        }
         self.eviction.pending[layer] =
             Some(slot_attention(rotated, kv, matches!(self.eviction.rule, DecodeRule::LastQuery)));
         Ok(())

@@ -11,6 +11,7 @@
 use burn::tensor::activation::softmax;
 use burn::tensor::{Int, Tensor};
 use kvslice_cache::{KvCache, KvStore, LayerKv};
+use kvslice_policy::scorer::{jacap, twin};
 use kvslice_policy::{Needs, QueryMoments, WindowStats};
 
 use crate::error::Result;
@@ -31,6 +32,12 @@ pub struct StatsRequest {
     pub counter_causal_layers: Vec<usize>,
     /// Pre-RoPE query moments, skipping this many leading positions.
     pub query_moments_skip: Option<usize>,
+    /// Jacap's `‖∂o/∂s‖` weights per window.
+    pub jacobian: bool,
+    /// Jacap's weighted key leverage per window (implies `jacobian`).
+    pub leverage: bool,
+    /// TwinKV's best-twin similarity and position.
+    pub twins: bool,
 }
 
 impl StatsRequest {
@@ -53,7 +60,10 @@ impl StatsRequest {
         if needs.query_moments {
             self.query_moments_skip = moments_skip.or(self.query_moments_skip);
         }
-        if (needs.value_weighted || needs.projection) && self.windows.is_empty() {
+        self.jacobian |= needs.jacobian || needs.leverage;
+        self.leverage |= needs.leverage;
+        self.twins |= needs.twins;
+        if (needs.value_weighted || needs.projection || needs.jacobian || needs.leverage) && self.windows.is_empty() {
             self.windows.push(1);
         }
     }
@@ -71,6 +81,9 @@ struct WindowTensors {
     entropy: Tensor<1>,
     value_weighted: Option<Tensor<2>>,
     projection: Option<Tensor<2>>,
+    /// `[H, n]` and `[H_kv, n]`.
+    jacobian: Option<Tensor<2>>,
+    leverage: Option<Tensor<2>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -80,6 +93,8 @@ pub(crate) struct LayerTensors {
     counter_causal: Option<Tensor<2>>,
     /// `[H, d]`, `[H, d, d]`.
     moments: Option<(Tensor<2>, Tensor<3>)>,
+    /// `[H_kv, n]` best-twin similarity and its position (as f32).
+    twins: Option<(Tensor<2>, Tensor<2>)>,
 }
 
 /// Statistics of every layer, on the device.
@@ -117,6 +132,18 @@ impl Observations {
     pub async fn read(&self) -> Result<Vec<HostLayerStats>> {
         let mut out = Vec::with_capacity(self.layers.len());
         for layer in &self.layers {
+            let (twin, twin_index) = match &layer.twins {
+                Some((sim, index)) => {
+                    let sim = read_f32(sim.clone()).await?;
+                    let index = read_f32(index.clone()).await?;
+                    // similarities below −1 mark keys without any candidate outside the exclusion
+                    let none: Vec<bool> = sim.iter().map(|&x| x < -1.5).collect();
+                    let sim = sim.iter().zip(&none).map(|(&x, &n)| if n { -1.0 } else { x }).collect();
+                    let index = index.iter().zip(&none).map(|(&i, &n)| if n { u32::MAX } else { i as u32 }).collect();
+                    (Some(sim), Some(index))
+                }
+                None => (None, None),
+            };
             let accumulated = match &layer.accumulated {
                 Some(t) => Some(read_f32(t.clone()).await?),
                 None => None,
@@ -146,6 +173,10 @@ impl Observations {
                     projection: opt(&w.projection).await?,
                     accumulated: accumulated.clone(),
                     counter_causal: counter_causal.clone(),
+                    jacobian: opt(&w.jacobian).await?,
+                    leverage: opt(&w.leverage).await?,
+                    twin: twin.clone(),
+                    twin_index: twin_index.clone(),
                 });
             }
             if windows.is_empty() {
@@ -164,6 +195,9 @@ impl Observations {
                     projection: None,
                     accumulated,
                     counter_causal,
+                    twin,
+                    twin_index,
+                    ..WindowStats::default()
                 });
             }
             let moments = match &layer.moments {
@@ -266,14 +300,11 @@ fn compute(
 ) -> LayerTensors {
     let n = rotated.dims()[1];
     LayerTensors {
-        windows: request
-            .windows
-            .iter()
-            .map(|&w| window_tensors(rotated, keys, values, w.min(n), request.value_weighted, request.projection))
-            .collect(),
+        windows: request.windows.iter().map(|&w| window_tensors(rotated, keys, values, w.min(n), request)).collect(),
         accumulated: request.accumulated.then(|| column_sums(rotated, keys, Direction::Causal)),
         counter_causal: counter_causal.then(|| column_sums(rotated, keys, Direction::CounterCausal)),
         moments: request.query_moments_skip.filter(|&s| s < n).map(|skip| moments(raw, skip)),
+        twins: request.twins.then(|| twins(keys)),
     }
 }
 
@@ -316,9 +347,10 @@ fn window_tensors(
     keys: &Tensor<3>,
     values: &Tensor<3>,
     w: usize,
-    value_weighted: bool,
-    projection: bool,
+    request: &StatsRequest,
 ) -> WindowTensors {
+    let (value_weighted, projection) = (request.value_weighted, request.projection);
+    let jacobian = request.jacobian || request.leverage;
     let [heads, n, _] = q.dims();
     let device = q.device();
     let first = n - w;
@@ -339,7 +371,17 @@ fn window_tensors(
         Tensor::zeros([heads], &device)
     };
     let mean = mean3.reshape([heads, n]);
-    let vh = (value_weighted || projection).then(|| per_query_head(values, heads)); // [H, n, d]
+    let vh = (value_weighted || projection || jacobian).then(|| per_query_head(values, heads)); // [H, n, d]
+    let jac = vh.as_ref().filter(|_| jacobian).map(|v| {
+        // ‖v_j − o_q‖² = ‖v_j‖² − 2⟨v_j, o_q⟩ + ‖o_q‖², without a [H, w, n, d] tensor
+        let o = a.clone().matmul(v.clone()); // [H, w, d]
+        let vn = v.clone().powi_scalar(2).sum_dim(2).swap_dims(1, 2); // [H, 1, n]
+        let on = o.clone().powi_scalar(2).sum_dim(2); // [H, w, 1]
+        let vo = o.matmul(v.clone().swap_dims(1, 2)); // [H, w, n]
+        let dev = (vn - vo.mul_scalar(2.0) + on).clamp_min(0.0).sqrt();
+        (a.clone() * dev).mean_dim(1).reshape([heads, n])
+    });
+    let leverage = jac.as_ref().filter(|_| request.leverage).map(|j| leverage(keys, j));
     let value_weighted = vh.as_ref().filter(|_| value_weighted).map(|v| {
         let norm = v.clone().powi_scalar(2).sum_dim(2).sqrt().reshape([heads, n]);
         mean.clone() * norm
@@ -350,7 +392,61 @@ fn window_tensors(
         let m = dir.matmul(v.swap_dims(1, 2)); // [H, w, n]: ⟨v_j, ô_i⟩
         (a.clone() * m).mean_dim(1).reshape([heads, n])
     });
-    WindowTensors { window: w, mean, var, last, entropy, value_weighted, projection }
+    WindowTensors { window: w, mean, var, last, entropy, value_weighted, projection, jacobian: jac, leverage }
+}
+
+/// Jacap's ridge leverage `[H_kv, n]`: `ℓ_j = w_j k_jᵀ (G + λI)⁻¹ k_j` with `G = Kᵀ diag(w) K`,
+/// `λ = tr(G)/d`, `w` the group-mean `jacobian` weights. The `d×d` inverse is a Newton–Schulz
+/// iteration on the device (`X ← X(2I − MX)` from `X₀ = 2I/(λ + tr M)`): `M`'s eigenvalues lie
+/// in `[λ, tr M]` with `tr M = 2dλ`, so `‖I − X₀M‖ ≤ (2d−1)/(2d+1)` and 14 quadratically
+/// converging steps reach f32 precision for any `d ≤ 256`, with no read-back.
+fn leverage(keys: &Tensor<3>, jacobian: &Tensor<2>) -> Tensor<2> {
+    let [kv_heads, n, d] = keys.dims();
+    let heads = jacobian.dims()[0];
+    let group = heads / kv_heads;
+    let device = keys.device();
+    let w = jacobian.clone().reshape([kv_heads, group, n]).mean_dim(1); // [kv, 1, n]
+    let wk = keys.clone() * w.clone().swap_dims(1, 2); // [kv, n, d]
+    let g = wk.swap_dims(1, 2).matmul(keys.clone()); // [kv, d, d]
+    let eye = Tensor::<2>::eye(d, &device).unsqueeze_dim::<3>(0).expand([kv_heads, d, d]);
+    let trace = (g.clone() * eye.clone()).sum_dim(2).sum_dim(1); // [kv, 1, 1]
+    let lambda = trace.div_scalar(d as f64).clamp_min(1e-12).mul_scalar(jacap::RIDGE);
+    let m = g + eye.clone() * lambda.clone();
+    let trace_m = lambda.clone().mul_scalar(2.0 * d as f64);
+    let mut x = eye.clone() * (lambda + trace_m).recip().mul_scalar(2.0);
+    for _ in 0..14 {
+        let mx = m.clone().matmul(x.clone());
+        x = x.matmul(eye.clone().mul_scalar(2.0) - mx);
+    }
+    let kx = keys.clone().matmul(x); // [kv, n, d]
+    let quad = (kx * keys.clone()).sum_dim(2).reshape([kv_heads, n]);
+    quad * w.reshape([kv_heads, n])
+}
+
+/// TwinKV's best twin of every key, `[H_kv, n]` similarity and position (as f32): the highest
+/// cosine similarity to a key of the same head more than `EXCLUSION` positions away, in row
+/// chunks (never the `n×n` matrix at once). `−2` marks a key with no candidate.
+fn twins(keys: &Tensor<3>) -> (Tensor<2>, Tensor<2>) {
+    let [kv_heads, n, _] = keys.dims();
+    let device = keys.device();
+    let unit = keys.clone() / keys.clone().powi_scalar(2).sum_dim(2).sqrt().clamp_min(1e-30);
+    let rows = (MAX_CHUNK_ELEMS / (kv_heads * n).max(1)).clamp(1, n);
+    let (mut sims, mut idxs) = (Vec::new(), Vec::new());
+    let mut start = 0;
+    while start < n {
+        let m = rows.min(n - start);
+        let sim = unit.clone().narrow(1, start, m).matmul(unit.clone().swap_dims(1, 2)); // [kv, m, n]
+        let r =
+            Tensor::<1, Int>::arange(start as i64..(start + m) as i64, &device).reshape([1, m, 1]).expand([1, m, n]);
+        let c = Tensor::<1, Int>::arange(0..n as i64, &device).reshape([1, 1, n]).expand([1, m, n]);
+        let near = (r - c).abs().lower_equal_elem(twin::EXCLUSION as i64).expand([kv_heads, m, n]);
+        let sim = sim.mask_fill(near, -2.0);
+        let (best, arg) = sim.max_dim_with_indices(2);
+        sims.push(best.reshape([kv_heads, m]));
+        idxs.push(arg.float().reshape([kv_heads, m]));
+        start += m;
+    }
+    (Tensor::cat(sims, 1), Tensor::cat(idxs, 1))
 }
 
 /// `[H, n]` column sums of the attention of every query (causal: `Σ_{i ≥ j} a_ij`;
