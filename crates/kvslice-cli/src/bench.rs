@@ -24,11 +24,12 @@ pub struct BenchArgs {
     /// Repetitions of each measurement (the best is reported).
     #[arg(long, default_value_t = 1)]
     repeat: usize,
-    /// Also time decoding after compressing each depth's prompt with this policy...
-    #[arg(long, requires = "budget")]
-    policy: Option<String>,
+    /// Also time decoding after compressing each depth's prompt with these policies (comma
+    /// separated; one prefill serves them all)...
+    #[arg(long, requires = "budget", value_delimiter = ',')]
+    policy: Vec<String>,
     /// ...at this budget (e.g. `256` tokens per layer).
-    #[arg(long, requires = "policy")]
+    #[arg(long)]
     budget: Option<String>,
 }
 
@@ -89,8 +90,8 @@ pub fn run(args: BenchArgs, verbose: bool) -> Result<()> {
             1.0 / per,
             per * 1e3
         );
-        if let (Some(policy), Some(budget)) = (&args.policy, &args.budget) {
-            compressed(model, policy, budget, depth, per, &args)?;
+        if let Some(budget) = &args.budget {
+            compressed(model, &args.policy, budget, depth, per, &args)?;
         }
     }
     Ok(())
@@ -98,17 +99,24 @@ pub fn run(args: BenchArgs, verbose: bool) -> Result<()> {
 
 /// Decoding after compression at one depth, beside the full cache's `full_per_token`; and the
 /// eviction's share of the prefill (statistics, planning, compaction against a plain prefill).
+/// With several policies, one prefill records the union of their statistics (the statistics
+/// time in each share is then that union's).
 fn compressed(
     model: &kvslice_model::Llama,
-    policy: &str,
+    policies: &[String],
     budget: &str,
     depth: usize,
     full_per_token: f64,
     args: &BenchArgs,
 ) -> Result<()> {
     let vocab = model.config.vocab_size;
-    let c = Compression::new(policy, budget, &Compression::model_info(model))?;
-    let request = c.request(model.config.num_layers);
+    let info = Compression::model_info(model);
+    let all: Vec<Compression> =
+        policies.iter().map(|p| Compression::new(p, budget, &info)).collect::<std::result::Result<_, _>>()?;
+    let mut request = kvslice_runtime::StatsRequest::default();
+    for c in &all {
+        c.add_to(&mut request, model.config.num_layers);
+    }
     let ids = tokens(depth, vocab, 20);
     // plain prefill of the same prompt
     let mut s = Session::new(model, depth)?;
@@ -118,19 +126,36 @@ fn compressed(
     let plain = t.elapsed().as_secs_f64();
     drop(s);
     let prefilled = pollster::block_on(Session::prefill_for(model, &ids, &request))?;
-    let (mut session, report) =
-        pollster::block_on(Session::resume(model, &prefilled, Some(&c), args.decode_steps + 1))?;
+    for c in &all {
+        decode_after(model, c, &prefilled, plain, depth, full_per_token, args)?;
+    }
+    Ok(())
+}
+
+fn decode_after(
+    model: &kvslice_model::Llama,
+    c: &Compression,
+    prefilled: &kvslice_runtime::Prefilled,
+    plain: f64,
+    depth: usize,
+    full_per_token: f64,
+    args: &BenchArgs,
+) -> Result<()> {
+    let (mut session, report) = pollster::block_on(Session::resume(model, prefilled, Some(c), args.decode_steps + 1))?;
     let report = report.expect("a compression report");
     // statistics as computed inside the forward pass (exact on the CPU backend) + read-back,
     // planning and compaction; the plain prefill is the reference
     let (stats_compute, stats_read) = (prefilled.stats_compute_seconds, prefilled.stats_seconds);
     let overhead = stats_compute + stats_read + report.plan_time.as_secs_f64() + report.compact_time.as_secs_f64();
-    drop(prefilled);
     let t = Instant::now();
     pollster::block_on(session.continue_greedy(5, args.decode_steps + 1, &[]))?;
     let per = t.elapsed().as_secs_f64() / args.decode_steps as f64;
+    let evictions = match session.eviction() {
+        Some(e) => format!(", {} evictions, {} score refreshes", e.evicted, e.refreshes()),
+        None => String::new(),
+    };
     println!(
-        "| decode at depth {depth}, {} | {} | {:.3} | {:.1} ({:.1} ms/token, {:.1}x the full cache) |",
+        "| decode at depth {depth}, {} | {} | {:.3} | {:.1} ({:.1} ms/token, {:.1}x the full cache{evictions}) |",
         c.label(),
         args.decode_steps,
         per * args.decode_steps as f64,
