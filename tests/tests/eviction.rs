@@ -403,7 +403,7 @@ fn value_projection_norms_match_the_reference() {
 
 /// Score-free decoding (InertiaKV's frozen ranking): with 24 slots and 11 tokens fed after the
 /// 60-token prompt, the cache ends with every generated token and the 13 prompt entries that
-/// rank best by the last prompt query's group-mean attention (as the policy crate scores it
+/// rank best by the last prompt query's head-averaged attention (as the policy crate scores it
 /// from the recorded statistics), the lowest going first and ties to the older position.
 fn score_free_decoding_evicts_in_the_frozen_order(device: Device) {
     let model = tiny(&device);

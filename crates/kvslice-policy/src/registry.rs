@@ -320,7 +320,7 @@ static REGISTRY: &[Entry] = &[
     Entry {
         name: "inertiakv",
         paper: "Zeng et al. 2026, What Matters for Aggressive Decoding-Time KV Eviction? Temporal Aggregation and Ranking Preservation (arXiv:2609.03515)",
-        summary: "fixed cache while decoding: lowest EMA (α = 0.8) of each step's group attention goes",
+        summary: "fixed cache while decoding: lowest EMA (α = 0.8) of each step's head-averaged attention goes",
         build: |_| scored(Inertia::every_step(), Uniform),
     },
     Entry {

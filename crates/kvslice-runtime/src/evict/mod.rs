@@ -49,8 +49,8 @@ pub enum DecodeRule {
     /// goes; entries younger than `window` steps are kept. Until an entry has `window`
     /// observations its indicator is the prefill's.
     Indicator { window: usize, gamma: f32 },
-    /// Fixed size: the entry with the lowest exponential moving average of its group-mean
-    /// attention goes (InertiaKV), the attention folded in at the refresh steps only (every
+    /// Fixed size: the entry with the lowest exponential moving average of its attention
+    /// (averaged over the layer's heads, as TOVA's) goes (InertiaKV), the attention folded in at the refresh steps only (every
     /// step, every `r` steps, or never: score-free). Entries not scored yet stay.
     Inertia(Temporal),
 }
@@ -550,8 +550,11 @@ impl KvStore for EvictingStore<'_> {
         if let Some(l) = self.eviction.lens.get_mut(layer) {
             *l = kv.lens().to_vec();
         }
-        self.eviction.pending[layer] =
-            Some(slot_attention(rotated, kv, matches!(self.eviction.rule, DecodeRule::LastQuery)));
+        self.eviction.pending[layer] = Some(slot_attention(
+            rotated,
+            kv,
+            matches!(self.eviction.rule, DecodeRule::LastQuery | DecodeRule::Inertia(_)),
+        ));
         Ok(())
     }
 }
