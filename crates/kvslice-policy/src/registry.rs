@@ -342,6 +342,24 @@ static REGISTRY: &[Entry] = &[
         build: |_| scored(Jacap::default(), Uniform),
     },
     Entry {
+        name: "jacap-span",
+        paper: "Jacap with whole spans kept: each token scores the best leverage of the 12 before it (kvslice)",
+        summary: "Jacap's leverage dilated over spans, as snapkv-span does for SnapKV",
+        build: |_| scored(Span::new(Box::new(Jacap::default())), Uniform),
+    },
+    Entry {
+        name: "twinkv-span",
+        paper: "TwinKV (arXiv:2608.27128) on its own, with whole spans kept (kvslice)",
+        summary: "key uniqueness dilated over spans: a unique token keeps the 12 after it",
+        build: |_| scored(Span::new(Box::new(TwinKv::default())), Uniform),
+    },
+    Entry {
+        name: "snapkv-span-twin",
+        paper: "snapkv-span + TwinKV's repair pass (arXiv:2608.27128)",
+        summary: "span-dilated SnapKV, then TwinKV's repair",
+        build: |_| repaired(Span::new(Box::new(SnapKv::default())), Uniform),
+    },
+    Entry {
         name: "lacache",
         paper: "Shi et al. 2025, LaCache: Ladder-Shaped KV Caching for Efficient Long-Context Modeling (arXiv:2507.14204)",
         summary: "ladder of positions across layers (span 16, overlap 0, 4 sinks), iterative compaction",
