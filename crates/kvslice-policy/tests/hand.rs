@@ -265,12 +265,28 @@ fn reference_statistics_by_hand() {
     close(s.value_weighted.as_ref().unwrap(), &[0.75, 0.75], 1e-7);
     // projection: j=0: (1·1·1 + ½·1·1)/2 = .75; j=1: (0 + ½·3·1)/2 = .75
     close(s.projection.as_ref().unwrap(), &[0.75, 0.75], 1e-7);
+    // Jacobian weights a_qj·|v_j − o_q| averaged over the 2 queries: j=0: (1·|1−1| + ½·|1−2|)/2
+    // = .25; j=1: (0 + ½·|3−2|)/2 = .25
+    close(s.jacobian.as_ref().unwrap(), &[0.25, 0.25], 1e-7);
+    // leverage with d = 1: G = Σ w k² = .25 + .25 = .5, λ = G/1 = .5, ℓ_j = w_j k_j²/(G + λ) =
+    // .25/1 each
+    close(s.leverage.as_ref().unwrap(), &[0.25, 0.25], 1e-7);
+    // twins: nothing lies more than 8 positions away in 2 tokens
+    close(s.twin.as_ref().unwrap(), &[-1.0, -1.0], 0.0);
+    assert_eq!(s.twin_index.as_ref().unwrap(), &vec![u32::MAX; 2]);
     // counter-causal: query 0 sees keys 0,1 (½ each), query 1 sees key 1 → (½, 3/2)
     close(s.counter_causal.as_ref().unwrap(), &[0.5, 1.5], 1e-7);
     // entropy of a uniform row over 3 keys restricted to the 2 prefix keys: (2/3)·ln 3
     let dims = Dims { heads: 1, kv_heads: 1, len: 3, head_dim: 1 };
     let s = reference::window_stats(dims, &[0.0; 3], &[1.0, 2.0, 3.0], &[1.0; 3], 1).unwrap();
     close(&s.entropy, &[2.0 / 3.0 * 3f64.ln()], 1e-6);
+    // Jacobian weights in d = 2 from the last query's uniform attention (w = 1): v = (0,0),
+    // (3,0), (0,3), o = (1,1): a·|v − o| = √2/3, √5/3, √5/3
+    let dims = Dims { heads: 1, kv_heads: 1, len: 3, head_dim: 2 };
+    let v = [0.0, 0.0, 3.0, 0.0, 0.0, 3.0];
+    let s = reference::window_stats(dims, &[0.0; 6], &[1.0; 6], &v, 1).unwrap();
+    let (r2, r5) = (2f64.sqrt() / 3.0, 5f64.sqrt() / 3.0);
+    close(s.jacobian.as_ref().unwrap(), &[r2, r5, r5], 1e-6);
     // value_proj_l1: v = 2, W_o = [[1], [−3]] (hidden 2, H·d = 1) → |2| + |−6| = 8
     let dims = Dims { heads: 1, kv_heads: 1, len: 1, head_dim: 1 };
     close(&reference::value_proj_l1(dims, &[2.0], &[1.0, -3.0], 2).unwrap(), &[8.0], 1e-7);
