@@ -201,9 +201,8 @@ impl TwinRepair {
             }
         }
         let orphans = ranked(scores, (0..n).filter(|&j| !retained[j] && !covered[j]));
-        let redundancy: Vec<f32> = t.to_vec();
         let donors = ranked(
-            &redundancy,
+            t,
             (0..n).filter(|&j| retained[j] && !protect.contains(j, n) && has_twin(j) && retained[ix[j] as usize]),
         );
         let mut count = RepairCount { orphans: orphans.len(), donors: donors.len(), swaps: 0 };
