@@ -50,8 +50,9 @@ pub enum DecodeRule {
     /// observations its indicator is the prefill's.
     Indicator { window: usize, gamma: f32 },
     /// Fixed size: the entry with the lowest exponential moving average of its attention
-    /// (averaged over the layer's heads, as TOVA's) goes (InertiaKV), the attention folded in at the refresh steps only (every
-    /// step, every `r` steps, or never: score-free). Entries not scored yet stay.
+    /// (averaged over the layer's heads, as TOVA's) goes (InertiaKV), the attention folded in
+    /// at the refresh steps only (every step, every `r` steps, or never: score-free). Entries
+    /// not scored yet stay.
     Inertia(Temporal),
 }
 
