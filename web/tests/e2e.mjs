@@ -65,10 +65,13 @@ const wait = (page, id, states, timeout) =>
     [id, states],
     { timeout, polling: 250 },
   );
+// Buttons that start long work are clicked from inside the page: the work keeps the page's main
+// thread busy between GPU round trips, and playwright's click waits for the page to answer.
+const press = (page, id) => page.$eval(`#${id}`, (b) => b.click());
 const state = (page, id) => page.$eval(`#${id}`, (e) => ({ state: e.dataset.state, text: e.textContent }));
 
 async function loadDefaultModel(page) {
-  await page.click('#load-url');
+  await press(page, 'load-url');
   await wait(page, 'model-status', ['ready', 'error'], 15 * 60_000);
   return page.evaluate(() => window.kvsliceDemo.model);
 }
@@ -91,6 +94,7 @@ const context = await chromium.launchPersistentContext(userDataDir, {
 const console_lines = [];
 try {
   const page = await context.newPage();
+  page.setDefaultTimeout(180_000);
   page.on('console', (m) => console_lines.push(`${m.type()}: ${m.text()}`));
   page.on('pageerror', (e) => console_lines.push(`pageerror: ${e.message}`));
   await page.goto(url);
@@ -127,7 +131,7 @@ try {
     await page.selectOption('#policy', c.policy);
     if (c.policy) await page.fill('#budget', c.budget);
     await page.fill('#max-new', String(MAX_NEW));
-    await page.click('#generate');
+    await press(page, 'generate');
     await wait(page, 'gen-status', ['done', 'error'], 20 * 60_000);
     const st = await state(page, 'gen-status');
     const { outcome, timings, shown } = await page.evaluate(() => ({
@@ -152,7 +156,7 @@ try {
   await page.screenshot({ path: path.join(artifacts, 'e2e.png'), fullPage: true });
 
   // 5. Kernel conformance on the page's device.
-  await page.click('#conformance');
+  await press(page, 'conformance');
   await wait(page, 'conf-status', ['done', 'error'], 15 * 60_000);
   const conf = await state(page, 'conf-status');
   const suite = await page.evaluate(() => window.kvsliceDemo.conformance);
