@@ -198,6 +198,9 @@ pub async fn generate(
     let ids = loaded.encode_prompt(&request.prompt, request.chat).map_err(|e| e.to_string())?;
     let stop = loaded.stop_tokens();
     let max_new = request.max_new_tokens;
+    if max_new == 0 {
+        return Err("ask for at least one new token".into());
+    }
     let context = model.config.max_position_embeddings;
     if ids.len() + max_new.saturating_sub(1) > context {
         return Err(format!(
