@@ -31,11 +31,20 @@ build() {
     echo "web/pkg: $(du -b web/pkg/kvslice_web_bg.wasm | cut -f1) bytes of wasm, $(gzip -9 -c web/pkg/kvslice_web_bg.wasm | wc -c) gzipped" >&2
 }
 
+# The native CLI: the end-to-end test's reference. KVSLICE_CLI names an existing binary instead.
+cli() {
+    if [ -n "${KVSLICE_CLI:-}" ]; then
+        echo "$KVSLICE_CLI"
+        return
+    fi
+    # The same selection as scripts/test.sh's `cargo run -p kvslice-cli`: no rebuild there.
+    cargo build --locked -q -p kvslice-cli >&2
+    echo "$(target_dir)/debug/kvslice"
+}
+
 link_model() {
     local model
-    # The same selection as scripts/test.sh's `cargo run -p kvslice-cli`: no rebuild there.
-    cargo build --locked -q -p kvslice-cli
-    model="$("$(target_dir)/debug/kvslice" fetch)"
+    model="$("$(cli)" fetch)"
     mkdir -p web/models
     ln -sf "$model" "web/models/$(basename "$model")"
 }
@@ -78,7 +87,7 @@ case "${1:-serve}" in
         port="$(free_port)"
         start_server "$port"
         trap 'kill "$SERVER_PID" 2>/dev/null || true' EXIT
-        node web/tests/e2e.mjs --url "http://127.0.0.1:$port/" --cli "$(target_dir)/debug/kvslice" --artifacts web/artifacts
+        node web/tests/e2e.mjs --url "http://127.0.0.1:$port/" --cli "$(cli)" --artifacts web/artifacts
         ;;
     *)
         echo "usage: scripts/web.sh build | serve [PORT] | test" >&2
