@@ -86,7 +86,8 @@ case "${1:-serve}" in
         (cd web && npm ci --no-audit --no-fund --loglevel=error)
         port="$(free_port)"
         start_server "$port"
-        trap 'kill "$SERVER_PID" 2>/dev/null || true' EXIT
+        # The server's children too: a python3 shim (pyenv) may run the interpreter as one.
+        trap 'pkill -P "$SERVER_PID" 2>/dev/null || true; kill "$SERVER_PID" 2>/dev/null || true' EXIT
         node web/tests/e2e.mjs --url "http://127.0.0.1:$port/" --cli "$(cli)" --artifacts web/artifacts
         ;;
     *)
