@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs the system packages kvslice needs on a Debian machine with no GPU:
 # Mesa's lavapipe (software Vulkan) so wgpu finds an adapter, the Vulkan loader, and a TTF
-# font for the evaluation's PNG plots.
+# font for the evaluation's PNG plots; Chromium for the browser demo's end-to-end test (WebGPU
+# on the CPU through its SwiftShader).
 set -euo pipefail
 need=()
 dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || need+=(mesa-vulkan-drivers)
 dpkg -s libvulkan1 >/dev/null 2>&1 || need+=(libvulkan1)
 dpkg -s libegl1 >/dev/null 2>&1 || need+=(libegl1)
 dpkg -s fonts-dejavu-core >/dev/null 2>&1 || need+=(fonts-dejavu-core)
+dpkg -s chromium >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
     SUDO=""
     [ "$(id -u)" -ne 0 ] && SUDO="sudo"

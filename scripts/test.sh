@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine: system packages (lavapipe), the default model,
-# native tests on lavapipe and the CPU backend, and the wasm32 build check.
+# The whole test suite, from a fresh machine: system packages (lavapipe, Chromium), the default
+# model, native tests on lavapipe and the CPU backend, then the browser demo built for wasm32 and
+# tested end to end in headless Chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-system.sh
@@ -14,6 +15,9 @@ cargo run --locked -q -p kvslice-cli -- fetch --corpus
 
 cargo test --locked --workspace --no-fail-fast
 
-# Portability: the library crates below the CLI build for the browser.
-cargo check --locked --target wasm32-unknown-unknown -p kvslice-policy -p kvslice-formats -p kvslice-kernels -p kvslice-cache -p kvslice-model -p kvslice-runtime
+# Portability and the browser demo: the web facade's wasm32 build compiles every library crate
+# below the CLI (policy, formats, kernels, cache, model, runtime) for the browser; the page then
+# generates in headless Chromium (WebGPU on SwiftShader) and must match the native CLI's text,
+# and the kernel conformance suite must pass there.
+scripts/web.sh test
 echo "all tests passed"

@@ -13,9 +13,11 @@
 //! [`KernelError`] before dispatching anything; it then only queues work on the tensors'
 //! device (no host round trip). Tensors must belong to Burn's wgpu backend (`Device::wgpu`);
 //! floats are f32. The CPU twins in [`cpu`] define what each kernel computes; [`shader`]
-//! holds the shader table and the naga portability check.
+//! holds the shader table and the naga portability check; [`conformance`] runs every kernel
+//! against its twin on any wgpu device, the browser's included.
 
 mod compact;
+pub mod conformance;
 pub mod cpu;
 mod decode;
 mod error;

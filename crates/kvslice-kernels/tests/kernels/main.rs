@@ -4,6 +4,7 @@
 
 mod common;
 mod compact;
+mod conformance;
 mod decode;
 mod errors;
 mod linear;

@@ -1,0 +1,644 @@
+//! Conformance suite: every kernel against its CPU twin (and hand-computed cases) on a given
+//! wgpu device, with fixed shapes and seeds, reading results back asynchronously.
+//!
+//! This is the part of the kernel tests that can run anywhere a wgpu device exists, the browser
+//! included (where nothing may block on the GPU): the native test suite runs it on lavapipe
+//! (`tests/kernels/conformance.rs`) and the web facade runs it on the page's WebGPU adapter.
+//! The tolerances are those of the native property tests (see `tests/kernels/*.rs`). A failing
+//! check is reported, never a panic.
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+
+use crate::{CacheTensors, Protect, Reduce, StatsRequest, cpu};
+
+/// Outcome of one case.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CaseResult {
+    /// Kernel family (`window_stats`, `pool1d`, ...).
+    pub kernel: &'static str,
+    /// The case: shapes and seed.
+    pub case: String,
+    /// `None` when every check passed, else the first failure.
+    pub failure: Option<String>,
+    /// Values compared against the reference.
+    pub checked: usize,
+}
+
+impl CaseResult {
+    pub fn passed(&self) -> bool {
+        self.failure.is_none()
+    }
+}
+
+type Check = std::result::Result<usize, String>;
+
+/// Runs every case on `device` (a wgpu device) and returns one result per case.
+pub async fn run_all(device: &Device) -> Vec<CaseResult> {
+    let mut out = Vec::new();
+    macro_rules! case {
+        ($kernel:expr, $case:expr, $run:expr) => {{
+            let r: Check = $run.await;
+            let (failure, checked) = match r {
+                Ok(n) => (None, n),
+                Err(e) => (Some(e), 0),
+            };
+            out.push(CaseResult { kernel: $kernel, case: $case.to_string(), failure, checked });
+        }};
+    }
+    // 1. window statistics
+    case!("window_stats", "hand-computed uniform scores", stats_hand(device));
+    for &(kv, g, d, n, extra, w, amp, seed) in &[
+        (1usize, 1usize, 64usize, 1usize, 0usize, 1usize, 1.0f32, 3u64),
+        (2, 8, 128, 1, 2, 1, 1.0, 4),
+        (2, 4, 128, 517, 3, 33, 3.0, 7),
+        (1, 3, 24, 130, 0, 9, 1.0, 11),
+        (2, 1, 7, 61, 4, 40, 1.0, 12),
+    ] {
+        case!(
+            "window_stats",
+            format!("kv_heads {kv} group {g} d {d} n {n} cap {} w {w} amplitude {amp} seed {seed}", n + extra),
+            stats_twin(device, kv, g, d, n, extra, w, amp, seed)
+        );
+    }
+    // 2. pooling and the GQA reduction
+    case!("pool1d", "hand-computed", pool_hand(device));
+    for &(rows, n, kernel, max, seed) in &[(1usize, 1usize, 1usize, false, 1u64), (3, 699, 7, false, 2), (4, 321, 31, true, 3)] {
+        case!("pool1d", format!("rows {rows} n {n} kernel {kernel} max {max} seed {seed}"), pool_twin(device, rows, n, kernel, max, seed));
+    }
+    case!("reduce_groups", "hand-computed", groups_hand(device));
+    for &(kv, g, n, max, seed) in &[(1usize, 1usize, 5usize, false, 4u64), (3, 3, 577, false, 5), (2, 8, 300, true, 6)] {
+        case!("reduce_groups", format!("kv_heads {kv} group {g} n {n} max {max} seed {seed}"), groups_twin(device, kv, g, n, max, seed));
+    }
+    // 3. top-k
+    case!("top_k", "hand-computed selection", topk_hand(device));
+    for &(kv, cap, distinct, sinks, recent, seed) in
+        &[(1usize, 5usize, 2usize, 0usize, 0usize, 7u64), (3, 1499, 7, 4, 32, 8), (4, 700, 1 << 20, 1, 3, 9), (2, 257, 1000, 0, 0, 10)]
+    {
+        case!(
+            "top_k",
+            format!("kv_heads {kv} cap {cap} distinct {distinct} sinks {sinks} recent {recent} seed {seed}"),
+            topk_twin(device, kv, cap, distinct, sinks, recent, seed)
+        );
+    }
+    // 4. compaction and appends
+    for &(kv, cap, d, seed) in &[(1usize, 300usize, 128usize, 42u64), (3, 97, 64, 13), (4, 33, 5, 14)] {
+        case!("compact_in_place", format!("kv_heads {kv} cap {cap} d {d} seed {seed}"), compact_twin(device, kv, cap, d, seed));
+    }
+    case!("append_rows", "kv_heads 3 cap 64 d 64, two rows after compaction", append_after_compact(device));
+    // 5. ragged decode attention
+    for &(kv, g, d, cap, amp, seed) in
+        &[(1usize, 1usize, 64usize, 1usize, 1.0f32, 15u64), (2, 4, 128, 1301, 3.0, 16), (3, 3, 13, 200, 1.0, 17), (1, 8, 64, 64, 1.0, 18)]
+    {
+        case!(
+            "decode_attention",
+            format!("kv_heads {kv} group {g} d {d} cap {cap} amplitude {amp} seed {seed}"),
+            decode_twin(device, kv, g, d, cap, amp, seed)
+        );
+    }
+    // 6. skinny projection
+    case!("linear", "hand-computed", linear_hand(device));
+    for &(n, d_in, d_out, bias, seed) in &[
+        (1usize, 576usize, 576usize, true, 101u64),
+        (4, 576, 192, false, 104),
+        (7, 1536, 576, true, 107),
+        (1, 64, 49152, false, 1),
+        (3, 33, 37, true, 19),
+    ] {
+        case!("linear", format!("n {n} d_in {d_in} d_out {d_out} bias {bias} seed {seed}"), linear_twin(device, n, d_in, d_out, bias, seed));
+    }
+    out
+}
+
+/// SplitMix64, the same generator as the native tests'.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x9e37_79b9_7f4a_7c15)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn unit(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    fn vec(&mut self, len: usize, amplitude: f32) -> Vec<f32> {
+        (0..len).map(|_| self.unit() * amplitude).collect()
+    }
+
+    fn subset(&mut self, len: usize, count: usize) -> Vec<u32> {
+        let mut all: Vec<u32> = (0..len as u32).collect();
+        for i in 0..count {
+            let j = i + self.below(len - i);
+            all.swap(i, j);
+        }
+        let mut s = all[..count].to_vec();
+        s.sort_unstable();
+        s
+    }
+}
+
+fn f1(data: Vec<f32>, dev: &Device) -> Tensor<1> {
+    let n = data.len();
+    Tensor::from_data(TensorData::new(data, [n]), dev)
+}
+
+fn f2(data: Vec<f32>, shape: [usize; 2], dev: &Device) -> Tensor<2> {
+    Tensor::from_data(TensorData::new(data, shape), dev)
+}
+
+fn f3(data: Vec<f32>, shape: [usize; 3], dev: &Device) -> Tensor<3> {
+    Tensor::from_data(TensorData::new(data, shape), dev)
+}
+
+fn i2(data: Vec<i32>, shape: [usize; 2], dev: &Device) -> Tensor<2, Int> {
+    Tensor::from_data(TensorData::new(data, shape), dev)
+}
+
+async fn read<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>, String> {
+    let data = t.into_data_async().await.map_err(|e| format!("read-back: {e:?}"))?;
+    data.try_to_vec::<f32>().map_err(|e| format!("read-back: {e:?}"))
+}
+
+async fn read_int<const D: usize, E: burn::tensor::Element>(t: Tensor<D, Int>) -> Result<Vec<E>, String> {
+    let data = t.into_data_async().await.map_err(|e| format!("read-back: {e:?}"))?;
+    let data = data.try_cast_as::<E>().map_err(|e| format!("read-back: {e:?}"))?;
+    data.try_to_vec::<E>().map_err(|e| format!("read-back: {e:?}"))
+}
+
+fn kernel<T>(what: &str, r: crate::Result<T>) -> Result<T, String> {
+    r.map_err(|e| format!("{what}: {e}"))
+}
+
+/// `|got − want| ≤ rtol·|want| + atol·scale` element-wise, `scale` the largest `|want|`.
+fn close(what: &str, got: &[f32], want: &[f64], rtol: f64, atol: f64) -> Check {
+    if got.len() != want.len() {
+        return Err(format!("{what}: length {} != {}", got.len(), want.len()));
+    }
+    let scale = want.iter().fold(0.0f64, |m, x| m.max(x.abs())).max(f64::MIN_POSITIVE);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (f64::from(g) - w).abs();
+        let bound = rtol * w.abs() + atol * scale;
+        // `!(err <= bound)` also catches NaN.
+        if !(err <= bound) {
+            return Err(format!("{what}[{i}]: got {g}, want {w}, |err| {err:e} > bound {bound:e}"));
+        }
+    }
+    Ok(got.len())
+}
+
+fn equal<T: PartialEq + std::fmt::Debug>(what: &str, got: &[T], want: &[T]) -> Check {
+    if got.len() != want.len() {
+        return Err(format!("{what}: length {} != {}", got.len(), want.len()));
+    }
+    match got.iter().zip(want).position(|(g, w)| g != w) {
+        None => Ok(got.len()),
+        Some(i) => Err(format!("{what}[{i}]: got {:?}, want {:?}", got[i], want[i])),
+    }
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn stats_twin(
+    dev: &Device,
+    kv_heads: usize,
+    group: usize,
+    d: usize,
+    n: usize,
+    extra_cap: usize,
+    w: usize,
+    amplitude: f32,
+    seed: u64,
+) -> Check {
+    let heads = kv_heads * group;
+    let cap = n + extra_cap;
+    let mut rng = Rng::new(seed);
+    let q = rng.vec(heads * w * d, amplitude);
+    let k = rng.vec(kv_heads * cap * d, amplitude);
+    let v = rng.vec(kv_heads * cap * d, 1.0);
+    let want = cpu::window_stats(&q, &k, &v, heads, kv_heads, w, cap, n, d);
+    let request = StatsRequest { value_norm: true, projection: true };
+    let got = kernel(
+        "window_stats",
+        crate::window_stats(
+            &f3(q, [heads, w, d], dev),
+            &f3(k, [kv_heads, cap, d], dev),
+            &f3(v, [kv_heads, cap, d], dev),
+            n,
+            request,
+        ),
+    )?;
+    let value_norm = got.value_norm.ok_or("value_norm missing")?;
+    let projection = got.projection.ok_or("projection missing")?;
+    let mut c = close("mean", &read(got.mean).await?, &want.mean, 1e-4, 1e-5)?;
+    c += close("variance", &read(got.variance).await?, &want.variance, 1e-3, 1e-5)?;
+    c += close("last", &read(got.last).await?, &want.last, 1e-4, 1e-5)?;
+    c += close("value_norm", &read(value_norm).await?, &want.value_norm, 1e-4, 1e-5)?;
+    c += close("projection", &read(projection).await?, &want.projection, 1e-4, 1e-5)?;
+    c += close("entropy", &read(got.entropy).await?, &want.entropy, 1e-4, 1e-5)?;
+    c += close("column_variance", &read(got.column_variance).await?, &want.column_variance, 1e-4, 1e-5)?;
+    Ok(c)
+}
+
+async fn stats_hand(dev: &Device) -> Check {
+    // q = 0 makes every visible weight uniform. n = 3, w = 2: query 0 (position 1) sees keys
+    // 0, 1 with 1/2 each; query 1 (position 2) sees keys 0, 1, 2 with 1/3 each.
+    let q = f3(vec![0.0, 0.0], [1, 2, 1], dev);
+    let k = f3(vec![0.3, -0.7, 0.1], [1, 3, 1], dev);
+    let v = f3(vec![1.0, 2.0, 3.0], [1, 3, 1], dev);
+    let s = kernel("window_stats", crate::window_stats(&q, &k, &v, 3, StatsRequest { value_norm: true, projection: true }))?;
+    let third = 1.0 / 3.0;
+    let mean = [(0.5 + third) / 2.0, (0.5 + third) / 2.0, third / 2.0];
+    let var = [(0.5 - third) * (0.5 - third) / 2.0, (0.5 - third) * (0.5 - third) / 2.0, third * third / 2.0];
+    let h = |a: f64| -a * (a + 1e-10).ln();
+    let weighted = [mean[0], 2.0 * mean[1], 3.0 * mean[2]];
+    let value_norm = s.value_norm.ok_or("value_norm missing")?;
+    let projection = s.projection.ok_or("projection missing")?;
+    let mut c = close("mean", &read(s.mean).await?, &mean, 1e-5, 1e-6)?;
+    c += close("variance", &read(s.variance).await?, &var, 1e-4, 1e-6)?;
+    c += close("last", &read(s.last).await?, &[third, third, third], 1e-5, 1e-6)?;
+    c += close("value_norm", &read(value_norm).await?, &weighted, 1e-5, 1e-6)?;
+    c += close("projection", &read(projection).await?, &weighted, 1e-5, 1e-6)?;
+    c += close("entropy", &read(s.entropy).await?, &[(h(0.5) + h(third)) / 2.0], 1e-5, 1e-6)?;
+    c += close("column_variance", &read(s.column_variance).await?, &[var[0]], 1e-4, 1e-6)?;
+    Ok(c)
+}
+
+async fn pool_hand(dev: &Device) -> Check {
+    let x = f2(vec![1.0, 2.0, 3.0, 4.0], [1, 4], dev);
+    let avg = read(kernel("pool1d", crate::pool1d(&x, 3, Reduce::Mean))?).await?;
+    let mut c = close("avg", &avg, &[1.0, 2.0, 3.0, 7.0 / 3.0], 1e-6, 0.0)?;
+    c += equal("max", &read(kernel("pool1d", crate::pool1d(&x, 3, Reduce::Max))?).await?, &[2.0, 3.0, 4.0, 4.0])?;
+    let wide = f2(vec![-1.0, -5.0], [1, 2], dev);
+    c += equal("wide", &read(kernel("pool1d", crate::pool1d(&wide, 9, Reduce::Max))?).await?, &[-1.0, -1.0])?;
+    c += equal("one", &read(kernel("pool1d", crate::pool1d(&x, 1, Reduce::Mean))?).await?, &[1.0, 2.0, 3.0, 4.0])?;
+    Ok(c)
+}
+
+async fn pool_twin(dev: &Device, rows: usize, n: usize, kernel_size: usize, max: bool, seed: u64) -> Check {
+    let x = Rng::new(seed).vec(rows * n, 2.0);
+    let want = cpu::pool1d(&x, rows, n, kernel_size, max);
+    let how = if max { Reduce::Max } else { Reduce::Mean };
+    let got = read(kernel("pool1d", crate::pool1d(&f2(x, [rows, n], dev), kernel_size, how))?).await?;
+    if max {
+        let want: Vec<f32> = want.iter().map(|&v| v as f32).collect();
+        equal("max pool", &got, &want)
+    } else {
+        close("avg pool", &got, &want, 1e-5, 1e-6)
+    }
+}
+
+async fn groups_hand(dev: &Device) -> Check {
+    let x = f2(vec![1.0, -2.0, 3.0, 0.0, 5.0, 5.0, -1.0, 7.0], [4, 2], dev);
+    let mean = read(kernel("reduce_groups", crate::reduce_groups(&x, 2, Reduce::Mean))?).await?;
+    let max = read(kernel("reduce_groups", crate::reduce_groups(&x, 2, Reduce::Max))?).await?;
+    Ok(equal("mean", &mean, &[2.0, -1.0, 2.0, 6.0])? + equal("max", &max, &[3.0, 0.0, 5.0, 7.0])?)
+}
+
+async fn groups_twin(dev: &Device, kv_heads: usize, group: usize, n: usize, max: bool, seed: u64) -> Check {
+    let heads = kv_heads * group;
+    let x = Rng::new(seed).vec(heads * n, 1.0);
+    let want = cpu::reduce_groups(&x, heads, kv_heads, n, max);
+    let how = if max { Reduce::Max } else { Reduce::Mean };
+    let got = read(kernel("reduce_groups", crate::reduce_groups(&f2(x, [heads, n], dev), kv_heads, how))?).await?;
+    if max {
+        let want: Vec<f32> = want.iter().map(|&v| v as f32).collect();
+        equal("group max", &got, &want)
+    } else {
+        close("group mean", &got, &want, 1e-5, 1e-6)
+    }
+}
+
+/// Runs top-k and splits its padded output into per-head kept lists.
+async fn topk_rows(
+    dev: &Device,
+    scores: &[f32],
+    kv_heads: usize,
+    cap: usize,
+    lens: &[u32],
+    k: &[u32],
+    protect: Protect,
+) -> Result<Vec<Vec<u32>>, String> {
+    let kept = kernel("top_k", crate::top_k(&f2(scores.to_vec(), [kv_heads, cap], dev), lens, k, protect))?;
+    let width = kept.positions.dims()[1];
+    let positions: Vec<u32> = read_int(kept.positions).await?;
+    let mut rows = Vec::new();
+    for (h, &c) in kept.counts.iter().enumerate() {
+        let row = &positions[h * width..(h + 1) * width];
+        if !row[c as usize..].iter().all(|&p| p == u32::MAX) {
+            return Err(format!("head {h}: no padding after the count {c}"));
+        }
+        rows.push(row[..c as usize].to_vec());
+    }
+    Ok(rows)
+}
+
+async fn topk_hand(dev: &Device) -> Check {
+    let scores = [0.5, 0.9, 0.1, 0.9, 0.3];
+    let none = Protect::default();
+    let cases: Vec<(&str, Vec<f32>, usize, usize, Vec<u32>, Vec<u32>, Protect, Vec<Vec<u32>>)> = vec![
+        ("sink kept, tie at 0.9", scores.to_vec(), 1, 5, vec![5], vec![3], Protect { sinks: 1, recent: 0 }, vec![vec![0, 1, 3]]),
+        ("tie to the lower position", scores.to_vec(), 1, 5, vec![5], vec![1], none, vec![vec![1]]),
+        ("recent window", scores.to_vec(), 1, 5, vec![5], vec![3], Protect { sinks: 0, recent: 2 }, vec![vec![1, 3, 4]]),
+        ("all equal", vec![2.0; 6], 1, 6, vec![6], vec![2], none, vec![vec![0, 1]]),
+        ("+0 above -0, -inf last", vec![-0.0, 0.0, f32::NEG_INFINITY], 1, 3, vec![3], vec![1], none, vec![vec![1]]),
+        ("k = 0", scores.to_vec(), 1, 5, vec![5], vec![0], Protect { sinks: 2, recent: 2 }, vec![vec![]]),
+        ("k >= len", scores.to_vec(), 1, 5, vec![4], vec![4], none, vec![vec![0, 1, 2, 3]]),
+        (
+            "per-head k and length",
+            vec![0.1, 0.2, 0.3, 0.4, 9.0, 8.0, 0.0, 7.0],
+            2,
+            4,
+            vec![4, 3],
+            vec![2, 1],
+            none,
+            vec![vec![2, 3], vec![0]],
+        ),
+        ("large magnitudes", vec![-3.0, -1e30, 5e-39, -2.5, 1e30, -0.0], 1, 6, vec![6], vec![3], none, vec![vec![2, 4, 5]]),
+    ];
+    let mut c = 0;
+    for (what, s, kv, cap, lens, ks, protect, want) in cases {
+        let got = topk_rows(dev, &s, kv, cap, &lens, &ks, protect).await?;
+        if got != want {
+            return Err(format!("{what}: got {got:?}, want {want:?}"));
+        }
+        c += want.iter().map(Vec::len).sum::<usize>().max(1);
+    }
+    Ok(c)
+}
+
+async fn topk_twin(dev: &Device, kv_heads: usize, cap: usize, distinct: usize, sinks: usize, recent: usize, seed: u64) -> Check {
+    let mut rng = Rng::new(seed);
+    // few distinct values force ties at the threshold
+    let scores: Vec<f32> =
+        (0..kv_heads * cap).map(|_| (rng.below(distinct) as f32 - distinct as f32 / 2.0) * 0.37).collect();
+    let protect = Protect { sinks, recent };
+    let mut lens = Vec::new();
+    let mut ks = Vec::new();
+    for _ in 0..kv_heads {
+        let len = match rng.below(4) {
+            0 => cap,
+            1 => 1 + rng.below(cap),
+            _ => rng.below(cap + 1),
+        };
+        let protected = protect.count(len);
+        let k = match rng.below(5) {
+            0 => 0,
+            1 => len,
+            2 => cap,
+            _ => protected + rng.below(len.saturating_sub(protected) + 1),
+        };
+        let k = if k > 0 && k < protected { protected } else { k };
+        lens.push(len as u32);
+        ks.push(k as u32);
+    }
+    let got = topk_rows(dev, &scores, kv_heads, cap, &lens, &ks, protect).await?;
+    let mut c = 0;
+    for h in 0..kv_heads {
+        let row = &scores[h * cap..h * cap + lens[h] as usize];
+        let want = cpu::top_k(row, ks[h] as usize, sinks, recent);
+        c += equal(&format!("head {h} len {} k {}", lens[h], ks[h]), &got[h], &want)?;
+        let count = kernel("kept_count", crate::kept_count(h, lens[h] as usize, ks[h] as usize, protect))?;
+        if got[h].len() != count {
+            return Err(format!("head {h}: {} kept, kept_count says {count}", got[h].len()));
+        }
+    }
+    Ok(c)
+}
+
+/// A random host cache `[kv_heads, cap, d]` with positions `slot + 1000·head`.
+struct Host {
+    kv_heads: usize,
+    cap: usize,
+    d: usize,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    p: Vec<i32>,
+}
+
+impl Host {
+    fn random(kv_heads: usize, cap: usize, d: usize, seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let k = rng.vec(kv_heads * cap * d, 1.0);
+        let v = rng.vec(kv_heads * cap * d, 1.0);
+        let p = (0..kv_heads * cap).map(|i| (i % cap) as i32 + 1000 * (i / cap) as i32).collect();
+        Host { kv_heads, cap, d, k, v, p }
+    }
+
+    fn upload(&self, dev: &Device) -> (Tensor<3>, Tensor<3>, Tensor<2, Int>) {
+        (
+            f3(self.k.clone(), [self.kv_heads, self.cap, self.d], dev),
+            f3(self.v.clone(), [self.kv_heads, self.cap, self.d], dev),
+            i2(self.p.clone(), [self.kv_heads, self.cap], dev),
+        )
+    }
+
+    /// The twin: each head gathered in place.
+    fn compacted(&self, kept: &[Vec<u32>]) -> Host {
+        let (cap, d) = (self.cap, self.d);
+        let mut out = Host { k: vec![], v: vec![], p: vec![], ..*self };
+        for (h, list) in kept.iter().enumerate() {
+            out.k.extend(cpu::compact(&self.k[h * cap * d..(h + 1) * cap * d], d, list));
+            out.v.extend(cpu::compact(&self.v[h * cap * d..(h + 1) * cap * d], d, list));
+            out.p.extend(cpu::compact(&self.p[h * cap..(h + 1) * cap], 1, list));
+        }
+        out
+    }
+}
+
+async fn compact_twin(dev: &Device, kv_heads: usize, cap: usize, d: usize, seed: u64) -> Check {
+    let host = Host::random(kv_heads, cap, d, seed);
+    let mut rng = Rng::new(seed ^ 1);
+    let mut lens = Vec::new();
+    let mut kept = Vec::new();
+    for h in 0..kv_heads {
+        // head 0 keeps every fourth slot from 1 (sources cross chunk boundaries both ways)
+        let (len, list) = if h == 0 {
+            (cap, (1..cap).step_by(4).map(|x| x as u32).collect())
+        } else {
+            let len = rng.below(cap + 1);
+            let count = match rng.below(4) {
+                0 => 0,
+                1 => len,
+                _ => rng.below(len + 1),
+            };
+            (len, rng.subset(len, count))
+        };
+        lens.push(len as u32);
+        kept.push(list);
+    }
+    let (mut k, mut v, mut p) = host.upload(dev);
+    let new_lens = kernel(
+        "compact_in_place_host",
+        crate::compact_in_place_host(CacheTensors { keys: &mut k, values: &mut v, positions: &mut p }, &kept, &lens),
+    )?;
+    let want = host.compacted(&kept);
+    let mut c = equal("lengths", &new_lens, &kept.iter().map(|l| l.len() as u32).collect::<Vec<_>>())?;
+    c += equal("keys (bits)", &bits(&read(k).await?), &bits(&want.k))?;
+    c += equal("values (bits)", &bits(&read(v).await?), &bits(&want.v))?;
+    c += equal("positions", &read_int::<2, i32>(p).await?, &want.p)?;
+    Ok(c)
+}
+
+async fn append_after_compact(dev: &Device) -> Check {
+    let (kv_heads, cap, d) = (3usize, 64usize, 64usize);
+    let host = Host::random(kv_heads, cap, d, 5);
+    let (mut k, mut v, mut p) = host.upload(dev);
+    let lens = vec![cap as u32, 50, 20];
+    let mut rng = Rng::new(8);
+    let scores = rng.vec(kv_heads * cap, 1.0);
+    let ks = [10u32, 33, 20];
+    let protect = Protect { sinks: 2, recent: 3 };
+    let kept = kernel("top_k", crate::top_k(&f2(scores.clone(), [kv_heads, cap], dev), &lens, &ks, protect))?;
+    let counts = kept.counts.clone();
+    let lens = kernel(
+        "compact_in_place",
+        crate::compact_in_place(CacheTensors { keys: &mut k, values: &mut v, positions: &mut p }, &kept.positions, &counts, &lens),
+    )?;
+    let mut c = equal("lengths after compaction", &lens, &[10, 33, 20])?;
+    let kept_host: Vec<Vec<u32>> =
+        (0..kv_heads).map(|h| cpu::top_k(&scores[h * cap..h * cap + [64, 50, 20][h]], ks[h] as usize, 2, 3)).collect();
+    let mut want = host.compacted(&kept_host);
+    let t = 2;
+    let nk = rng.vec(kv_heads * t * d, 1.0);
+    let nv = rng.vec(kv_heads * t * d, 1.0);
+    let np: Vec<i32> = (0..kv_heads * t).map(|i| 5000 + i as i32).collect();
+    let lens = kernel(
+        "append_rows",
+        crate::append_rows(
+            CacheTensors { keys: &mut k, values: &mut v, positions: &mut p },
+            &f3(nk.clone(), [kv_heads, t, d], dev),
+            &f3(nv.clone(), [kv_heads, t, d], dev),
+            &i2(np.clone(), [kv_heads, t], dev),
+            &lens,
+        ),
+    )?;
+    c += equal("lengths after append", &lens, &[12, 35, 22])?;
+    for h in 0..kv_heads {
+        for r in 0..t {
+            let slot = [10, 33, 20][h] + r;
+            let dst = (h * cap + slot) * d;
+            let src = (h * t + r) * d;
+            want.k[dst..dst + d].copy_from_slice(&nk[src..src + d]);
+            want.v[dst..dst + d].copy_from_slice(&nv[src..src + d]);
+            want.p[h * cap + slot] = np[h * t + r];
+        }
+    }
+    c += equal("keys (bits)", &bits(&read(k.clone()).await?), &bits(&want.k))?;
+    c += equal("values (bits)", &bits(&read(v.clone()).await?), &bits(&want.v))?;
+    c += equal("positions", &read_int::<2, i32>(p).await?, &want.p)?;
+    // decode over the compacted, refilled cache sees exactly the twin's cache
+    let q = rng.vec(kv_heads * d, 1.0);
+    let out = kernel("decode_attention", crate::decode_attention(&f2(q.clone(), [kv_heads, d], dev), &k, &v, &lens, None))?;
+    let (want_out, _) = cpu::decode_attention(&q, &want.k, &want.v, kv_heads, kv_heads, cap, d, &lens);
+    c += close("decode after compaction", &read(out).await?, &want_out, 1e-4, 1e-5)?;
+    Ok(c)
+}
+
+async fn decode_twin(dev: &Device, kv_heads: usize, group: usize, d: usize, cap: usize, amplitude: f32, seed: u64) -> Check {
+    let heads = kv_heads * group;
+    let mut lens_rng = Rng::new(seed ^ 2);
+    let lens: Vec<u32> = (0..kv_heads)
+        .map(|h| match (h, lens_rng.below(4)) {
+            (0, _) | (_, 0) => cap as u32,
+            (_, 1) => 0,
+            _ => lens_rng.below(cap + 1) as u32,
+        })
+        .collect();
+    let mut rng = Rng::new(seed);
+    let q = rng.vec(heads * d, amplitude);
+    let k = rng.vec(kv_heads * cap * d, amplitude);
+    let v = rng.vec(kv_heads * cap * d, 1.0);
+    let base: Vec<f32> = (0..kv_heads * cap).map(|_| rng.unit().abs()).collect();
+    let (want_out, want_w) = cpu::decode_attention(&q, &k, &v, heads, kv_heads, cap, d, &lens);
+    let (qt, kt, vt) = (f2(q, [heads, d], dev), f3(k, [kv_heads, cap, d], dev), f3(v, [kv_heads, cap, d], dev));
+    let mut scores = f2(base.clone(), [kv_heads, cap], dev);
+    let out = kernel("decode_attention", crate::decode_attention(&qt, &kt, &vt, &lens, Some(&mut scores)))?;
+    let mut c = close("output", &read(out).await?, &want_out, 1e-4, 1e-5)?;
+    // a second step adds the same weights again
+    let out2 = kernel("decode_attention", crate::decode_attention(&qt, &kt, &vt, &lens, Some(&mut scores)))?;
+    c += close("output, step 2", &read(out2).await?, &want_out, 1e-4, 1e-5)?;
+    let got_scores = read(scores).await?;
+    let want_scores: Vec<f64> = base.iter().zip(&want_w).map(|(&b, &w)| f64::from(b) + 2.0 * w).collect();
+    let got_added: Vec<f32> = got_scores.iter().zip(&base).map(|(g, b)| g - b).collect();
+    let want_added: Vec<f64> = want_w.iter().map(|w| 2.0 * w).collect();
+    c += close("added weights", &got_added, &want_added, 1e-4, 1e-6)?;
+    c += close("scores", &got_scores, &want_scores, 1e-5, 1e-6)?;
+    Ok(c)
+}
+
+async fn linear_hand(dev: &Device) -> Check {
+    // [[1, 2], [3, -1]] · [[1, 2, 3], [4, 5, 6]] + [0.5, 0, -1]
+    let out = kernel(
+        "linear",
+        crate::linear(
+            f2(vec![1.0, 2.0, 3.0, -1.0], [2, 2], dev),
+            f2(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3], dev),
+            Some(f1(vec![0.5, 0.0, -1.0], dev)),
+        ),
+    )?;
+    let mut c = equal("with bias", &read(out).await?, &[9.5, 12.0, 14.0, -0.5, 1.0, 2.0])?;
+    let out = kernel("linear", crate::linear(f2(vec![2.0], [1, 1], dev), f2(vec![1.0, 2.0, 3.0, 4.0], [1, 4], dev), None))?;
+    c += equal("vec4 path", &read(out).await?, &[2.0, 4.0, 6.0, 8.0])?;
+    Ok(c)
+}
+
+/// Tolerance `|got − want| ≤ 1e-5·(|b_j| + Σ_k |x_ik·w_kj|) + 1e-7`, as natively.
+async fn linear_twin(dev: &Device, n: usize, d_in: usize, d_out: usize, with_bias: bool, seed: u64) -> Check {
+    let mut rng = Rng::new(seed);
+    let x = rng.vec(n * d_in, 1.0);
+    let w = rng.vec(d_in * d_out, 0.5);
+    let b = with_bias.then(|| rng.vec(d_out, 2.0));
+    let out = kernel(
+        "linear",
+        crate::linear(f2(x.clone(), [n, d_in], dev), f2(w.clone(), [d_in, d_out], dev), b.clone().map(|b| f1(b, dev))),
+    )?;
+    if out.dims() != [n, d_out] {
+        return Err(format!("shape {:?}, want [{n}, {d_out}]", out.dims()));
+    }
+    let got = read(out).await?;
+    let want = cpu::linear(&x, &w, b.as_deref(), n, d_in, d_out);
+    let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<f32>>();
+    let b_abs = b.as_deref().map(abs);
+    let mag = cpu::linear(&abs(&x), &abs(&w), b_abs.as_deref(), n, d_in, d_out);
+    if got.len() != want.len() {
+        return Err(format!("length {} != {}", got.len(), want.len()));
+    }
+    for (i, ((&g, &r), &m)) in got.iter().zip(&want).zip(&mag).enumerate() {
+        let err = (f64::from(g) - r).abs();
+        let bound = 1e-5 * m + 1e-7;
+        if !(err <= bound) {
+            return Err(format!("y[{}, {}] = {g}, want {r}, |err| {err:e} > {bound:e}", i / d_out, i % d_out));
+        }
+    }
+    Ok(got.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{close, equal};
+
+    #[test]
+    fn checks_reject_what_they_should() {
+        assert_eq!(close("x", &[1.0, 2.0], &[1.0, 2.0], 1e-6, 0.0), Ok(2));
+        assert!(close("x", &[1.0, 2.001], &[1.0, 2.0], 1e-4, 0.0).is_err());
+        assert!(close("x", &[f32::NAN], &[1.0], 1.0, 1.0).is_err());
+        assert!(close("x", &[1.0], &[1.0, 2.0], 1.0, 1.0).is_err());
+        assert_eq!(equal("x", &[1u32, 2], &[1, 2]), Ok(2));
+        assert_eq!(equal("x", &[1u32, 3], &[1, 2]), Err("x[1]: got 3, want 2".into()));
+    }
+}
