@@ -42,8 +42,9 @@ pub struct Linear {
     pub bias: Option<Param<Tensor<1>>>,
 }
 
-/// Up to this many rows, projections on wgpu use kvslice's skinny-product kernel (decode);
-/// above, Burn's tiled matmul (prefill).
+/// Up to this many rows, projections on a wgpu adapter use kvslice's skinny-product kernel
+/// (decode); above, Burn's tiled matmul (prefill). The default for hardware adapters; the
+/// runtime sets each adapter's own with [`Llama::set_skinny_rows`].
 pub const SKINNY_ROWS: usize = 4;
 
 impl Linear {
@@ -57,13 +58,13 @@ impl Linear {
         }
     }
 
-    /// [`Linear::forward`], through the WGSL skinny-product kernel when `kernels` is set (the
-    /// weights live on wgpu) and `x` has few rows.
+    /// [`Linear::forward`], through the WGSL skinny-product kernel when `x` has at most
+    /// `skinny_rows` rows (0 where the weights are not on wgpu).
     ///
     /// # Shapes
     /// `x: [n, d_in]` → `[n, d_out]`
-    pub fn forward_on(&self, x: Tensor<2>, kernels: bool) -> Tensor<2> {
-        if kernels && x.dims()[0] <= SKINNY_ROWS {
+    pub fn forward_on(&self, x: Tensor<2>, skinny_rows: usize) -> Tensor<2> {
+        if x.dims()[0] <= skinny_rows {
             let bias = self.bias.as_ref().map(|b| b.val());
             // Shapes were validated at load; an error here can only be a non-wgpu tensor.
             if let Ok(y) = kvslice_kernels::linear(x.clone(), self.weight.val(), bias) {
@@ -97,9 +98,9 @@ pub struct Mlp {
 impl Mlp {
     /// # Shapes
     /// `x: [n, hidden]` → `[n, hidden]`
-    pub fn forward(&self, x: Tensor<2>, kernels: bool) -> Tensor<2> {
-        let gate = silu(self.gate_proj.forward_on(x.clone(), kernels));
-        self.down_proj.forward_on(gate * self.up_proj.forward_on(x, kernels), kernels)
+    pub fn forward(&self, x: Tensor<2>, skinny_rows: usize) -> Tensor<2> {
+        let gate = silu(self.gate_proj.forward_on(x.clone(), skinny_rows));
+        self.down_proj.forward_on(gate * self.up_proj.forward_on(x, skinny_rows), skinny_rows)
     }
 }
 
@@ -153,6 +154,8 @@ pub struct Llama {
     device: Device,
     /// The weights live on wgpu: kvslice's own WGSL kernels can run on them.
     kernels: bool,
+    /// Projections of up to this many rows use the skinny-product kernel (0 off wgpu).
+    skinny_rows: usize,
 }
 
 impl Llama {
@@ -168,7 +171,22 @@ impl Llama {
         }
         let inv_freq = rope::inv_freq(&config);
         let kernels = kvslice_kernels::buffer_id(&weights.lm_head.val()).is_some();
-        Ok(Self { config, weights, inv_freq, device, kernels })
+        let skinny_rows = if kernels { SKINNY_ROWS } else { 0 };
+        Ok(Self { config, weights, inv_freq, device, kernels, skinny_rows })
+    }
+
+    /// Projections of up to `rows` rows (at least 1: decode steps) run through the
+    /// skinny-product kernel, larger ones through Burn's matmul. Where the kernel wins depends
+    /// on the adapter (see `DeviceInfo::skinny_rows` in the runtime). No effect off wgpu.
+    pub fn set_skinny_rows(&mut self, rows: usize) {
+        if self.kernels {
+            self.skinny_rows = rows.max(1);
+        }
+    }
+
+    /// See [`Llama::set_skinny_rows`].
+    pub fn skinny_rows(&self) -> usize {
+        self.skinny_rows
     }
 
     pub fn device(&self) -> &Device {
@@ -212,7 +230,7 @@ impl Llama {
             let attn = self.attention(index, &layer.self_attn, h, &rotary, positions, cache)?;
             x = x + attn;
             let h = layer.post_attention_layernorm.forward(x.clone());
-            x = x + layer.mlp.forward(h, self.kernels);
+            x = x + layer.mlp.forward(h, self.skinny_rows);
         }
         Ok(self.weights.norm.forward(x))
     }
@@ -223,7 +241,7 @@ impl Llama {
     /// `hidden: [n, hidden]` → `[n, vocab]`
     pub fn logits(&self, hidden: Tensor<2>) -> Tensor<2> {
         let head = Linear { weight: self.weights.lm_head.clone(), bias: None };
-        head.forward_on(hidden, self.kernels)
+        head.forward_on(hidden, self.skinny_rows)
     }
 
     /// # Shapes
@@ -242,10 +260,10 @@ impl Llama {
         let group = heads / kv_heads;
         // [n, heads * d] → [heads, n, d]
         let split = |t: Tensor<2>, h: usize| t.reshape([n, h, d]).swap_dims(0, 1);
-        let q_raw = split(attn.q_proj.forward_on(x.clone(), self.kernels), heads);
+        let q_raw = split(attn.q_proj.forward_on(x.clone(), self.skinny_rows), heads);
         let q = rotary.apply(q_raw.clone());
-        let k = rotary.apply(split(attn.k_proj.forward_on(x.clone(), self.kernels), kv_heads));
-        let v = split(attn.v_proj.forward_on(x, self.kernels), kv_heads);
+        let k = rotary.apply(split(attn.k_proj.forward_on(x.clone(), self.skinny_rows), kv_heads));
+        let v = split(attn.v_proj.forward_on(x, self.skinny_rows), kv_heads);
         cache.append(layer, k, v, positions)?;
 
         let stored = cache.layer(layer)?;
@@ -258,7 +276,7 @@ impl Llama {
                 let (keys, values) = stored.storage();
                 let q1 = q.clone().reshape([heads, d]);
                 if let Ok(out) = kvslice_kernels::decode_attention(&q1, keys, values, &lens, None) {
-                    let out = attn.o_proj.forward_on(out.reshape([1, heads * d]), self.kernels);
+                    let out = attn.o_proj.forward_on(out.reshape([1, heads * d]), self.skinny_rows);
                     cache.observe_queries(layer, &q, &q_raw)?;
                     return Ok(out);
                 }
@@ -292,7 +310,7 @@ impl Llama {
             start += rows;
         }
         let out = if outputs.len() == 1 { outputs.pop().unwrap() } else { Tensor::cat(outputs, 1) };
-        let out = attn.o_proj.forward_on(out.swap_dims(0, 1).reshape([n, heads * d]), self.kernels);
+        let out = attn.o_proj.forward_on(out.swap_dims(0, 1).reshape([n, heads * d]), self.skinny_rows);
         // [kv_heads, group, n, d] → [heads, n, d]
         cache.observe_queries(layer, &q.reshape([heads, n, d]), &q_raw)?;
         Ok(out)

@@ -81,6 +81,32 @@ pub struct DeviceInfo {
     pub max_buffer_size: u64,
 }
 
+impl DeviceInfo {
+    /// Up to how many rows a projection runs through kvslice's skinny-product kernel rather
+    /// than Burn's tiled matmul on this adapter (`kvslice bench-kernels`-style figures in
+    /// docs/BENCHMARKS.md, "Projections on software adapters"):
+    /// - lavapipe (`llvmpipe`): 32 — the kernel is 1.2–2× faster up to 32 rows, the matmul
+    ///   faster from 64;
+    /// - other CPU adapters (SwiftShader, which is also the browser's WebGPU without a GPU):
+    ///   every row — there Burn's untuned matmul is 6–20× slower than the kernel at 22–256 rows;
+    /// - hardware adapters: [`kvslice_model::model::SKINNY_ROWS`] (decode steps only).
+    pub fn skinny_rows(&self) -> usize {
+        if self.kind != "wgpu" {
+            return 0;
+        }
+        if self.device_type != "Cpu" {
+            return kvslice_model::model::SKINNY_ROWS;
+        }
+        if self.name.contains("llvmpipe") { 32 } else { usize::MAX }
+    }
+}
+
+/// The adapter `device` was opened on by [`init_device`], if it was.
+pub fn device_info(device: &Device) -> Option<DeviceInfo> {
+    let opened = opened().lock().ok()?;
+    opened.iter().find(|(_, d, _)| d == device).map(|(_, _, info)| info.clone())
+}
+
 impl std::fmt::Display for DeviceInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.kind == "cpu" {

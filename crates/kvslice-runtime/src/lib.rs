@@ -11,7 +11,7 @@ pub mod paths;
 pub mod sampling;
 pub mod session;
 
-pub use device::{DeviceChoice, DeviceInfo, GraphicsApi, init_device};
+pub use device::{DeviceChoice, DeviceInfo, GraphicsApi, device_info, init_device};
 pub use error::{Result, RuntimeError};
 pub use evict::{Compression, CompressionReport, DecodeRule, StatsRequest};
 pub use loading::LoadedModel;

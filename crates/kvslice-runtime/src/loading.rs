@@ -14,8 +14,13 @@ pub struct LoadedModel {
 
 impl LoadedModel {
     /// Uploads `weights` to `device`. The weights were already checked against their config.
+    /// On a device opened by [`crate::init_device`], projections use the skinny-product kernel
+    /// up to the adapter's own row count ([`crate::DeviceInfo::skinny_rows`]).
     pub fn from_parts(weights: &dyn WeightSource, tokenizer: Tokenizer, device: &Device) -> Result<Self> {
-        let model = kvslice_model::load::load_llama(weights, device)?;
+        let mut model = kvslice_model::load::load_llama(weights, device)?;
+        if let Some(info) = crate::device::device_info(device) {
+            model.set_skinny_rows(info.skinny_rows());
+        }
         Ok(Self { model, tokenizer })
     }
 
