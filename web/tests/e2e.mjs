@@ -50,9 +50,13 @@ function check(name, ok, detail = '') {
   }
 }
 
-/** The native CLI's greedy text for the same prompt (stdout without its final newline). */
+/**
+ * The native CLI's greedy text for the same prompt (stdout without its final newline), on Burn's
+ * CPU backend: an independent reference for the page's WebGPU kernels, and seconds instead of a
+ * minute per case on lavapipe.
+ */
 function nativeText(policy, budget) {
-  const args = ['generate', '--prompt', PROMPT, '--max-new-tokens', String(MAX_NEW)];
+  const args = ['generate', '--device', 'cpu', '--prompt', PROMPT, '--max-new-tokens', String(MAX_NEW)];
   if (policy) args.push('--policy', policy, '--budget', budget);
   const t0 = performance.now();
   const out = execFileSync(cli, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'], maxBuffer: 1 << 20 });
