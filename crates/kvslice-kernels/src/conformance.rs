@@ -62,18 +62,32 @@ pub async fn run_all(device: &Device) -> Vec<CaseResult> {
     }
     // 2. pooling and the GQA reduction
     case!("pool1d", "hand-computed", pool_hand(device));
-    for &(rows, n, kernel, max, seed) in &[(1usize, 1usize, 1usize, false, 1u64), (3, 699, 7, false, 2), (4, 321, 31, true, 3)] {
-        case!("pool1d", format!("rows {rows} n {n} kernel {kernel} max {max} seed {seed}"), pool_twin(device, rows, n, kernel, max, seed));
+    for &(rows, n, kernel, max, seed) in
+        &[(1usize, 1usize, 1usize, false, 1u64), (3, 699, 7, false, 2), (4, 321, 31, true, 3)]
+    {
+        case!(
+            "pool1d",
+            format!("rows {rows} n {n} kernel {kernel} max {max} seed {seed}"),
+            pool_twin(device, rows, n, kernel, max, seed)
+        );
     }
     case!("reduce_groups", "hand-computed", groups_hand(device));
-    for &(kv, g, n, max, seed) in &[(1usize, 1usize, 5usize, false, 4u64), (3, 3, 577, false, 5), (2, 8, 300, true, 6)] {
-        case!("reduce_groups", format!("kv_heads {kv} group {g} n {n} max {max} seed {seed}"), groups_twin(device, kv, g, n, max, seed));
+    for &(kv, g, n, max, seed) in &[(1usize, 1usize, 5usize, false, 4u64), (3, 3, 577, false, 5), (2, 8, 300, true, 6)]
+    {
+        case!(
+            "reduce_groups",
+            format!("kv_heads {kv} group {g} n {n} max {max} seed {seed}"),
+            groups_twin(device, kv, g, n, max, seed)
+        );
     }
     // 3. top-k
     case!("top_k", "hand-computed selection", topk_hand(device));
-    for &(kv, cap, distinct, sinks, recent, seed) in
-        &[(1usize, 5usize, 2usize, 0usize, 0usize, 7u64), (3, 1499, 7, 4, 32, 8), (4, 700, 1 << 20, 1, 3, 9), (2, 257, 1000, 0, 0, 10)]
-    {
+    for &(kv, cap, distinct, sinks, recent, seed) in &[
+        (1usize, 5usize, 2usize, 0usize, 0usize, 7u64),
+        (3, 1499, 7, 4, 32, 8),
+        (4, 700, 1 << 20, 1, 3, 9),
+        (2, 257, 1000, 0, 0, 10),
+    ] {
         case!(
             "top_k",
             format!("kv_heads {kv} cap {cap} distinct {distinct} sinks {sinks} recent {recent} seed {seed}"),
@@ -82,13 +96,20 @@ pub async fn run_all(device: &Device) -> Vec<CaseResult> {
     }
     // 4. compaction and appends
     for &(kv, cap, d, seed) in &[(1usize, 300usize, 128usize, 42u64), (3, 97, 64, 13), (4, 33, 5, 14)] {
-        case!("compact_in_place", format!("kv_heads {kv} cap {cap} d {d} seed {seed}"), compact_twin(device, kv, cap, d, seed));
+        case!(
+            "compact_in_place",
+            format!("kv_heads {kv} cap {cap} d {d} seed {seed}"),
+            compact_twin(device, kv, cap, d, seed)
+        );
     }
     case!("append_rows", "kv_heads 3 cap 64 d 64, two rows after compaction", append_after_compact(device));
     // 5. ragged decode attention
-    for &(kv, g, d, cap, amp, seed) in
-        &[(1usize, 1usize, 64usize, 1usize, 1.0f32, 15u64), (2, 4, 128, 1301, 3.0, 16), (3, 3, 13, 200, 1.0, 17), (1, 8, 64, 64, 1.0, 18)]
-    {
+    for &(kv, g, d, cap, amp, seed) in &[
+        (1usize, 1usize, 64usize, 1usize, 1.0f32, 15u64),
+        (2, 4, 128, 1301, 3.0, 16),
+        (3, 3, 13, 200, 1.0, 17),
+        (1, 8, 64, 64, 1.0, 18),
+    ] {
         case!(
             "decode_attention",
             format!("kv_heads {kv} group {g} d {d} cap {cap} amplitude {amp} seed {seed}"),
@@ -104,7 +125,11 @@ pub async fn run_all(device: &Device) -> Vec<CaseResult> {
         (1, 64, 49152, false, 1),
         (3, 33, 37, true, 19),
     ] {
-        case!("linear", format!("n {n} d_in {d_in} d_out {d_out} bias {bias} seed {seed}"), linear_twin(device, n, d_in, d_out, bias, seed));
+        case!(
+            "linear",
+            format!("n {n} d_in {d_in} d_out {d_out} bias {bias} seed {seed}"),
+            linear_twin(device, n, d_in, d_out, bias, seed)
+        );
     }
     out
 }
@@ -260,7 +285,10 @@ async fn stats_hand(dev: &Device) -> Check {
     let q = f3(vec![0.0, 0.0], [1, 2, 1], dev);
     let k = f3(vec![0.3, -0.7, 0.1], [1, 3, 1], dev);
     let v = f3(vec![1.0, 2.0, 3.0], [1, 3, 1], dev);
-    let s = kernel("window_stats", crate::window_stats(&q, &k, &v, 3, StatsRequest { value_norm: true, projection: true }))?;
+    let s = kernel(
+        "window_stats",
+        crate::window_stats(&q, &k, &v, 3, StatsRequest { value_norm: true, projection: true }),
+    )?;
     let third = 1.0 / 3.0;
     let mean = [(0.5 + third) / 2.0, (0.5 + third) / 2.0, third / 2.0];
     let var = [(0.5 - third) * (0.5 - third) / 2.0, (0.5 - third) * (0.5 - third) / 2.0, third * third / 2.0];
@@ -351,9 +379,27 @@ async fn topk_hand(dev: &Device) -> Check {
     let scores = [0.5, 0.9, 0.1, 0.9, 0.3];
     let none = Protect::default();
     let cases: Vec<(&str, Vec<f32>, usize, usize, Vec<u32>, Vec<u32>, Protect, Vec<Vec<u32>>)> = vec![
-        ("sink kept, tie at 0.9", scores.to_vec(), 1, 5, vec![5], vec![3], Protect { sinks: 1, recent: 0 }, vec![vec![0, 1, 3]]),
+        (
+            "sink kept, tie at 0.9",
+            scores.to_vec(),
+            1,
+            5,
+            vec![5],
+            vec![3],
+            Protect { sinks: 1, recent: 0 },
+            vec![vec![0, 1, 3]],
+        ),
         ("tie to the lower position", scores.to_vec(), 1, 5, vec![5], vec![1], none, vec![vec![1]]),
-        ("recent window", scores.to_vec(), 1, 5, vec![5], vec![3], Protect { sinks: 0, recent: 2 }, vec![vec![1, 3, 4]]),
+        (
+            "recent window",
+            scores.to_vec(),
+            1,
+            5,
+            vec![5],
+            vec![3],
+            Protect { sinks: 0, recent: 2 },
+            vec![vec![1, 3, 4]],
+        ),
         ("all equal", vec![2.0; 6], 1, 6, vec![6], vec![2], none, vec![vec![0, 1]]),
         ("+0 above -0, -inf last", vec![-0.0, 0.0, f32::NEG_INFINITY], 1, 3, vec![3], vec![1], none, vec![vec![1]]),
         ("k = 0", scores.to_vec(), 1, 5, vec![5], vec![0], Protect { sinks: 2, recent: 2 }, vec![vec![]]),
@@ -368,7 +414,16 @@ async fn topk_hand(dev: &Device) -> Check {
             none,
             vec![vec![2, 3], vec![0]],
         ),
-        ("large magnitudes", vec![-3.0, -1e30, 5e-39, -2.5, 1e30, -0.0], 1, 6, vec![6], vec![3], none, vec![vec![2, 4, 5]]),
+        (
+            "large magnitudes",
+            vec![-3.0, -1e30, 5e-39, -2.5, 1e30, -0.0],
+            1,
+            6,
+            vec![6],
+            vec![3],
+            none,
+            vec![vec![2, 4, 5]],
+        ),
     ];
     let mut c = 0;
     for (what, s, kv, cap, lens, ks, protect, want) in cases {
@@ -381,7 +436,15 @@ async fn topk_hand(dev: &Device) -> Check {
     Ok(c)
 }
 
-async fn topk_twin(dev: &Device, kv_heads: usize, cap: usize, distinct: usize, sinks: usize, recent: usize, seed: u64) -> Check {
+async fn topk_twin(
+    dev: &Device,
+    kv_heads: usize,
+    cap: usize,
+    distinct: usize,
+    sinks: usize,
+    recent: usize,
+    seed: u64,
+) -> Check {
     let mut rng = Rng::new(seed);
     // few distinct values force ties at the threshold
     let scores: Vec<f32> =
@@ -507,7 +570,12 @@ async fn append_after_compact(dev: &Device) -> Check {
     let counts = kept.counts.clone();
     let lens = kernel(
         "compact_in_place",
-        crate::compact_in_place(CacheTensors { keys: &mut k, values: &mut v, positions: &mut p }, &kept.positions, &counts, &lens),
+        crate::compact_in_place(
+            CacheTensors { keys: &mut k, values: &mut v, positions: &mut p },
+            &kept.positions,
+            &counts,
+            &lens,
+        ),
     )?;
     let mut c = equal("lengths after compaction", &lens, &[10, 33, 20])?;
     let kept_host: Vec<Vec<u32>> =
@@ -543,13 +611,22 @@ async fn append_after_compact(dev: &Device) -> Check {
     c += equal("positions", &read_int::<2, i32>(p).await?, &want.p)?;
     // decode over the compacted, refilled cache sees exactly the twin's cache
     let q = rng.vec(kv_heads * d, 1.0);
-    let out = kernel("decode_attention", crate::decode_attention(&f2(q.clone(), [kv_heads, d], dev), &k, &v, &lens, None))?;
+    let out =
+        kernel("decode_attention", crate::decode_attention(&f2(q.clone(), [kv_heads, d], dev), &k, &v, &lens, None))?;
     let (want_out, _) = cpu::decode_attention(&q, &want.k, &want.v, kv_heads, kv_heads, cap, d, &lens);
     c += close("decode after compaction", &read(out).await?, &want_out, 1e-4, 1e-5)?;
     Ok(c)
 }
 
-async fn decode_twin(dev: &Device, kv_heads: usize, group: usize, d: usize, cap: usize, amplitude: f32, seed: u64) -> Check {
+async fn decode_twin(
+    dev: &Device,
+    kv_heads: usize,
+    group: usize,
+    d: usize,
+    cap: usize,
+    amplitude: f32,
+    seed: u64,
+) -> Check {
     let heads = kv_heads * group;
     let mut lens_rng = Rng::new(seed ^ 2);
     let lens: Vec<u32> = (0..kv_heads)
@@ -592,7 +669,8 @@ async fn linear_hand(dev: &Device) -> Check {
         ),
     )?;
     let mut c = equal("with bias", &read(out).await?, &[9.5, 12.0, 14.0, -0.5, 1.0, 2.0])?;
-    let out = kernel("linear", crate::linear(f2(vec![2.0], [1, 1], dev), f2(vec![1.0, 2.0, 3.0, 4.0], [1, 4], dev), None))?;
+    let out =
+        kernel("linear", crate::linear(f2(vec![2.0], [1, 1], dev), f2(vec![1.0, 2.0, 3.0, 4.0], [1, 4], dev), None))?;
     c += equal("vec4 path", &read(out).await?, &[2.0, 4.0, 6.0, 8.0])?;
     Ok(c)
 }

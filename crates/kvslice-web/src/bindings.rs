@@ -35,9 +35,7 @@ fn set(obj: &Object, key: &str, value: impl Into<JsValue>) {
 }
 
 fn device() -> Result<(Device, DeviceInfo), JsError> {
-    DEVICE
-        .with(|d| d.borrow().clone())
-        .ok_or_else(|| JsError::new("no GPU device yet: call openDevice() first"))
+    DEVICE.with(|d| d.borrow().clone()).ok_or_else(|| JsError::new("no GPU device yet: call openDevice() first"))
 }
 
 fn json(value: &impl serde::Serialize) -> Result<String, JsError> {
@@ -69,7 +67,8 @@ pub async fn open_device() -> Result<String, JsError> {
 pub fn load_model(bytes: Vec<u8>) -> Result<String, JsError> {
     let (device, info) = device()?;
     MODEL.with(|m| *m.borrow_mut() = None);
-    let loaded = crate::load_model(bytes, &device, info.max_storage_buffer_binding_size).map_err(|e| JsError::new(&e))?;
+    let loaded =
+        crate::load_model(bytes, &device, info.max_storage_buffer_binding_size).map_err(|e| JsError::new(&e))?;
     let c = &loaded.model.config;
     let out = serde_json::json!({
         "architecture": format!("{:?}", c.architecture),

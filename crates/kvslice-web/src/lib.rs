@@ -25,7 +25,11 @@ pub fn load_model(bytes: Vec<u8>, device: &Device, max_storage_binding: u64) -> 
         return Err(format!(
             "not a GGUF file ({} bytes{}): the page loads .gguf models",
             bytes.len(),
-            if bytes.len() >= 4 { format!(", starts with {:?}", String::from_utf8_lossy(&bytes[..4])) } else { String::new() }
+            if bytes.len() >= 4 {
+                format!(", starts with {:?}", String::from_utf8_lossy(&bytes[..4]))
+            } else {
+                String::new()
+            }
         ));
     }
     let weights = GgufWeights::new(bytes).map_err(|e| format!("invalid GGUF model: {e}"))?;
@@ -219,7 +223,8 @@ pub async fn generate(
             // `generate` borrows the cache while it calls back; the full cache's kept set is every
             // position seen, so the step reports no cache and the page fills the mask.
             let mut session = Session::new(model, ids.len() + max_new).map_err(|e| e.to_string())?;
-            let options = GenerateOptions { max_new_tokens: max_new, sampler: Sampler::greedy(), stop_tokens: stop.clone() };
+            let options =
+                GenerateOptions { max_new_tokens: max_new, sampler: Sampler::greedy(), stop_tokens: stop.clone() };
             let prompt_len = ids.len();
             let per_entry = 2 * model.config.head_dim * std::mem::size_of::<f32>();
             let on_token = |token: u32| {
@@ -252,14 +257,16 @@ pub async fn generate(
             memory = KvMemory::of(session.cache(), session.position() as usize);
         }
         Some((policy, budget)) => {
-            let compression =
-                Compression::new(policy, budget, &Compression::model_info(model)).map_err(|e| e.to_string())?.one_shot();
+            let compression = Compression::new(policy, budget, &Compression::model_info(model))
+                .map_err(|e| e.to_string())?
+                .one_shot();
             let request_stats: StatsRequest = compression.request(layers);
             let prefilled = Session::prefill_for(model, &ids, &request_stats).await.map_err(|e| e.to_string())?;
             let (mut session, report) =
                 Session::resume(model, &prefilled, Some(&compression), max_new).await.map_err(|e| e.to_string())?;
             if let Some(r) = &report {
-                report_fields = (Some(compression.label()), Some(r.kept_entries), Some(r.compressed_bytes), Some(r.full_bytes));
+                report_fields =
+                    (Some(compression.label()), Some(r.kept_entries), Some(r.compressed_bytes), Some(r.full_bytes));
             }
             let mut token = prefilled.first_token;
             loop {

@@ -16,7 +16,10 @@ fn main() -> Result<()> {
     };
     let input = PathBuf::from(input);
     if !input.is_file() {
-        bail!("{}: no such file (build it with cargo build --target wasm32-unknown-unknown -p kvslice-web)", input.display());
+        bail!(
+            "{}: no such file (build it with cargo build --target wasm32-unknown-unknown -p kvslice-web)",
+            input.display()
+        );
     }
     let keep_debug = std::env::var("KVSLICE_BINDGEN_DEBUG").is_ok_and(|v| v == "1");
     let mut bindgen = wasm_bindgen_cli_support::Bindgen::new();
