@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The browser demo.
-#   scripts/web.sh build          builds the wasm package into web/pkg (dev profile, like the tests)
+#   scripts/web.sh build          builds the wasm package into web/pkg (`web` profile: the dev
+#                                 profile with dependencies at opt-level 1)
 #   scripts/web.sh serve [PORT]   builds it, links the default model (fetched if absent) into
 #                                 web/models and serves web/ on http://127.0.0.1:PORT/ (8080)
 #   scripts/web.sh test           builds it, serves web/ on a free port and runs the end-to-end
@@ -20,14 +21,14 @@ build() {
     rustup target list --installed | grep -q wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
     # rustc has overflowed its default stack on awint_macro_internals (a cubecl dependency)
     # for wasm32 at opt-level 3.
-    RUST_MIN_STACK="${RUST_MIN_STACK:-67108864}" cargo build --locked --target wasm32-unknown-unknown -p kvslice-web
+    RUST_MIN_STACK="${RUST_MIN_STACK:-67108864}" cargo build --locked --profile web --target wasm32-unknown-unknown -p kvslice-web
     # Built alone: the bindgen tool shares no dependency with burn, so it cannot change the
     # features (hence the builds) of the crates the tests and the CLI use.
     cargo build --locked -p kvslice-bindgen
     local t
     t="$(target_dir)"
     rm -rf web/pkg
-    "$t/debug/kvslice-bindgen" "$t/wasm32-unknown-unknown/debug/kvslice_web.wasm" web/pkg
+    "$t/debug/kvslice-bindgen" "$t/wasm32-unknown-unknown/web/kvslice_web.wasm" web/pkg
     echo "web/pkg: $(du -b web/pkg/kvslice_web_bg.wasm | cut -f1) bytes of wasm, $(gzip -9 -c web/pkg/kvslice_web_bg.wasm | wc -c) gzipped" >&2
 }
 

@@ -200,6 +200,7 @@ impl KernelSource for WgslKernel {
 }
 
 /// Sizes of one module's translations (SPIR-V words, characters of MSL, HLSL and GLSL).
+#[cfg(not(target_family = "wasm"))]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Translations {
     /// SPIR-V words.
@@ -213,6 +214,7 @@ pub struct Translations {
 }
 
 /// The portability check of one entry point.
+#[cfg(not(target_family = "wasm"))]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Portability {
     /// Family of the entry point.
@@ -225,6 +227,7 @@ pub struct Portability {
 
 /// Parses and validates every entry point of every family with naga and translates it to
 /// SPIR-V, MSL, HLSL and GLSL: the portability check for GPUs that are not at hand.
+#[cfg(not(target_family = "wasm"))]
 pub fn check_all() -> Result<Vec<Portability>> {
     let mut out = Vec::new();
     for family in Family::ALL {
@@ -239,6 +242,7 @@ pub fn check_all() -> Result<Vec<Portability>> {
 
 /// Validates a WGSL module whose compute entry point is `main` and translates it to SPIR-V,
 /// MSL, HLSL and GLSL ES 3.10; `kernel` names it in errors.
+#[cfg(not(target_family = "wasm"))]
 pub fn check_source(kernel: &str, source: &str) -> Result<Translations> {
     use naga::back::{glsl, hlsl, msl, spv};
     use naga::valid::{Capabilities, ValidationFlags, Validator};

@@ -153,6 +153,11 @@ pub async fn init_device(choice: DeviceChoice) -> Result<(Device, DeviceInfo)> {
             Ok((device, info)) if info.device_type != "Cpu" => Ok((device, info)),
             _ => Box::pin(init_device(DeviceChoice::Cpu)).await,
         },
+        #[cfg(target_family = "wasm")]
+        DeviceChoice::Cpu => {
+            Err(RuntimeError::Device("the CPU backend is not part of the browser build: use WebGPU".into()))
+        }
+        #[cfg(not(target_family = "wasm"))]
         DeviceChoice::Cpu => Ok((
             Device::flex(),
             DeviceInfo {
