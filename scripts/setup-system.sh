@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system packages kvslice needs on a Debian machine with no GPU:
 # Mesa's lavapipe (software Vulkan) so wgpu finds an adapter, the Vulkan loader, and a TTF
-# font for the evaluation's PNG plots; Chromium for the browser demo's end-to-end test (WebGPU
-# on the CPU through its SwiftShader).
+# font for the evaluation's PNG plots; Chromium and Node.js (npm) for the browser demo's
+# end-to-end test (WebGPU on the CPU through Chromium's SwiftShader, driven by playwright-core).
 set -euo pipefail
 need=()
 dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || need+=(mesa-vulkan-drivers)
@@ -10,6 +10,8 @@ dpkg -s libvulkan1 >/dev/null 2>&1 || need+=(libvulkan1)
 dpkg -s libegl1 >/dev/null 2>&1 || need+=(libegl1)
 dpkg -s fonts-dejavu-core >/dev/null 2>&1 || need+=(fonts-dejavu-core)
 dpkg -s chromium >/dev/null 2>&1 || need+=(chromium)
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 if [ ${#need[@]} -gt 0 ]; then
     SUDO=""
     [ "$(id -u)" -ne 0 ] && SUDO="sudo"
