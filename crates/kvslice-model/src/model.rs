@@ -184,11 +184,6 @@ impl Llama {
         }
     }
 
-    /// See [`Llama::set_skinny_rows`].
-    pub fn skinny_rows(&self) -> usize {
-        self.skinny_rows
-    }
-
     pub fn device(&self) -> &Device {
         &self.device
     }

@@ -221,3 +221,31 @@ fn wgpu_error(e: WgpuInitError) -> RuntimeError {
          `scripts/setup-system.sh`, or run with --device cpu)"
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(kind: &'static str, name: &str, device_type: &str) -> DeviceInfo {
+        DeviceInfo {
+            kind,
+            name: name.into(),
+            backend: "Vulkan".into(),
+            device_type: device_type.into(),
+            driver: String::new(),
+            max_storage_buffer_binding_size: 0,
+            max_buffer_size: 0,
+        }
+    }
+
+    #[test]
+    fn skinny_rows_follow_the_adapter() {
+        // The rows measured in docs/BENCHMARKS.md, "Projections on software adapters".
+        assert_eq!(info("wgpu", "llvmpipe (LLVM 15.0.6, 256 bits)", "Cpu").skinny_rows(), 32);
+        assert_eq!(info("wgpu", "SwiftShader Device (Subzero)", "Cpu").skinny_rows(), usize::MAX);
+        // the browser's fallback adapter reports no name
+        assert_eq!(info("wgpu", "", "Cpu").skinny_rows(), usize::MAX);
+        assert_eq!(info("wgpu", "NVIDIA H200", "DiscreteGpu").skinny_rows(), 4);
+        assert_eq!(info("cpu", "burn flex", "Cpu").skinny_rows(), 0);
+    }
+}
