@@ -173,14 +173,14 @@ pub(crate) fn prefill(
 ) -> crate::Result<(KvCache, DecodeEviction, Tensor<2>, CompressionReport)> {
     let n = prompt.len();
     let c = &model.config;
-    let protect = compression.policy.protect(n);
+    let protect = compression.policy().protect(n);
     let budget = compression
         .spec
         .resolve(n, c.num_layers, protect.count(n))
         .map_err(|e| RuntimeError::Options(format!("{}: {e}", compression.label())))?;
     let geometry = CacheGeometry { layers: c.num_layers, kv_heads: c.num_kv_heads, head_dim: c.head_dim, capacity: n };
     let mut store = CascadeStore::new(
-        &compression.policy,
+        &compression.policy(),
         geometry,
         n,
         budget.per_layer,

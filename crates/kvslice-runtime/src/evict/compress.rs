@@ -1,0 +1,305 @@
+//! Compression after the prefill: the policy's plan, the gather of the kept entries into
+//! smaller storage, and what it did.
+
+use std::time::Duration;
+
+use burn::tensor::Tensor;
+use kvslice_cache::KvCache;
+use kvslice_model::Llama;
+use kvslice_policy::{BudgetSpec, KvView, LayerInput, ModelInfo, Plan, Policy, WindowStats};
+
+use super::decode::{DecodeEviction, DecodeRule};
+use super::observe::{HostLayerStats, StatsRequest};
+use crate::error::{Result, RuntimeError};
+use crate::session::{now, read_f32};
+
+/// A policy with a budget, ready to compress a prefilled prompt.
+#[derive(Debug)]
+pub struct Compression {
+    name: String,
+    budget_text: String,
+    policy: Policy,
+    spec: BudgetSpec,
+    cascade: bool,
+}
+
+impl Compression {
+    /// The registered policy `name` with budget `budget` (`128L`, `10%`, `2048`).
+    pub fn new(name: &str, budget: &str, model: &ModelInfo) -> Result<Self> {
+        let policy = kvslice_policy::build(name, model).map_err(|e| RuntimeError::Options(e.to_string()))?;
+        let spec: BudgetSpec =
+            budget.parse().map_err(|e: kvslice_policy::PolicyError| RuntimeError::Options(e.to_string()))?;
+        Ok(Compression { name: name.to_string(), budget_text: budget.to_string(), policy, spec, cascade: true })
+    }
+
+    /// The same compression done in one shot after the whole prefill, even for CAKE (whose
+    /// cascade is the default): the reference its cascade is measured against.
+    pub fn one_shot(mut self) -> Self {
+        self.cascade = false;
+        self
+    }
+
+    /// What the policy needs of a model.
+    pub fn model_info(model: &Llama) -> ModelInfo {
+        ModelInfo { head_dim: model.config.head_dim, rope_theta: model.config.rope_theta }
+    }
+
+    /// `policy@budget`, the key of evaluation reports.
+    pub fn label(&self) -> String {
+        format!("{}@{}", self.name, self.budget_text)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Whether the prefill compresses layer by layer (CAKE's cascade; native targets only).
+    pub fn cascades(&self) -> bool {
+        cfg!(not(target_family = "wasm")) && self.cascade && self.name == "cake"
+    }
+
+    /// What the prefill must record for this policy, for a model of `layers` layers.
+    pub fn request(&self, layers: usize) -> StatsRequest {
+        let mut r = StatsRequest::default();
+        self.add_to(&mut r, layers);
+        r
+    }
+
+    /// Adds this policy's needs to `request` (a sweep records the union once).
+    pub fn add_to(&self, request: &mut StatsRequest, layers: usize) {
+        let needs = self.policy.needs();
+        let skip = self.policy.protect(usize::MAX / 2).sinks;
+        request.add(&needs, &self.policy.counter_causal_layers(layers), Some(skip));
+    }
+
+    /// Extra slots per head and the least capacity of a compressed layer: room for the new
+    /// tokens when the cache grows; the budget as asked (not clipped to a shorter prompt) when
+    /// the cache keeps a fixed size; for CAKE, each layer's own budget plus what the asked
+    /// budget exceeds the prompt by.
+    pub fn room(&self, rule: &DecodeRule, per_layer: usize, prompt: usize, max_new_tokens: usize) -> (usize, usize) {
+        let new = max_new_tokens.saturating_sub(1);
+        let asked = match self.spec {
+            BudgetSpec::Flat(b) | BudgetSpec::AveragePerLayer(b) => b,
+            BudgetSpec::Fraction { .. } => per_layer,
+        };
+        match rule {
+            DecodeRule::Grow => (new, 0),
+            DecodeRule::Indicator { .. } => (asked.saturating_sub(per_layer).min(new), 0),
+            _ => (0, asked.min(prompt + new).max(1)),
+        }
+    }
+
+    /// The decode-time rule of this policy at a budget of `per_layer` tokens.
+    pub fn decode_rule(&self, per_layer: usize) -> DecodeRule {
+        let protect = self.policy.protect(per_layer);
+        if let Some(t) = self.policy.temporal() {
+            return DecodeRule::Inertia(t);
+        }
+        match (self.name.as_str(), &self.policy) {
+            ("streaming-llm", _) => DecodeRule::Recent { sinks: protect.sinks },
+            ("h2o", _) => DecodeRule::Accumulated { recent: protect.recent },
+            ("tova", _) => DecodeRule::LastQuery,
+            ("cake", _) => DecodeRule::Indicator { window: protect.recent.max(2), gamma: 200.0 },
+            (_, Policy::Ladder(l)) => DecodeRule::Ladder(*l),
+            _ => DecodeRule::Grow,
+        }
+    }
+
+    /// Runs the policy on a prefilled prompt: `stats` from [`Observations::read`], `cache` the
+    /// full cache (read when the policy needs keys or values), `model` for the output projection
+    /// (CriticalKV's value norms).
+    pub async fn plan(&self, stats: &[HostLayerStats], cache: &KvCache, model: &Llama) -> Result<Plan> {
+        let needs = self.policy.needs();
+        let layers = stats.len();
+        let cc_layers = self.policy.counter_causal_layers(layers);
+        let shared_cc = if cc_layers.len() == 1 && layers > 1 {
+            stats[cc_layers[0]].window(0).and_then(|w| w.counter_causal.clone())
+        } else {
+            None
+        };
+        let mut window_stats: Vec<WindowStats> = Vec::with_capacity(layers);
+        for (l, s) in stats.iter().enumerate() {
+            let mut w = s
+                .window(needs.window)
+                .ok_or_else(|| RuntimeError::Options(format!("layer {l}: window {} not recorded", needs.window)))?
+                .clone();
+            if let Some(cc) = &shared_cc {
+                w.counter_causal = Some(cc.clone());
+            }
+            window_stats.push(w);
+        }
+        let mut keys = Vec::new();
+        let mut values = Vec::new();
+        let mut proj_l1 = Vec::new();
+        for l in 0..layers {
+            let layer = cache.layer(l)?;
+            let (k, v) = layer.view();
+            keys.push(if needs.keys { Some(read_f32(k).await?) } else { None });
+            values.push(if needs.values { Some(read_f32(v.clone()).await?) } else { None });
+            proj_l1.push(if needs.value_proj_l1 { Some(read_f32(value_proj_l1(model, l, v)).await?) } else { None });
+        }
+        let g = cache.geometry();
+        let inputs: Vec<LayerInput<'_>> = (0..layers)
+            .map(|l| {
+                let n = window_stats[l].len;
+                LayerInput {
+                    stats: &window_stats[l],
+                    kv: (needs.keys || needs.values).then(|| KvView {
+                        kv_heads: g.kv_heads,
+                        len: n,
+                        head_dim: g.head_dim,
+                        keys: keys[l].as_deref(),
+                        values: values[l].as_deref(),
+                    }),
+                    query_moments: stats[l].moments.as_ref(),
+                    value_proj_l1: proj_l1[l].as_deref(),
+                }
+            })
+            .collect();
+        self.policy.plan(&inputs, &self.spec).map_err(|e| RuntimeError::Options(format!("{}: {e}", self.label())))
+    }
+
+    /// Initial per-slot decode scores of the kept entries (`[layer][kv_head][slot]`), for the
+    /// decode rules that rank by scores.
+    pub(crate) fn initial_scores(&self, stats: &[HostLayerStats], plan: &Plan) -> Result<Vec<Vec<Vec<f32>>>> {
+        let needs = self.policy.needs();
+        let mut out = Vec::with_capacity(plan.kept.len());
+        for (l, kept) in plan.kept.iter().enumerate() {
+            let w = stats[l].window(needs.window).ok_or_else(|| RuntimeError::Options("missing statistics".into()))?;
+            let input = LayerInput::new(w);
+            let scores = self
+                .policy
+                .score_layer(&input, plan.budget.per_layer)
+                .map_err(|e| RuntimeError::Options(e.to_string()))?;
+            out.push(
+                kept.iter()
+                    .enumerate()
+                    .map(|(h, pos)| match &scores {
+                        Some(s) => pos.iter().map(|&p| s.row(h)[p as usize]).collect(),
+                        None => vec![0.0; pos.len()],
+                    })
+                    .collect(),
+            );
+        }
+        Ok(out)
+    }
+}
+
+/// `[H, n]`: `‖v_j W_o^h‖₁`, each value after its query head's slice of the output projection.
+pub fn value_proj_l1(model: &Llama, layer: usize, values: Tensor<3>) -> Tensor<2> {
+    let attn = &model.weights.layers[layer].self_attn;
+    let (heads, d) = (attn.num_heads, attn.head_dim);
+    let [kv_heads, n, _] = values.dims();
+    let group = heads / kv_heads;
+    let w = attn.o_proj.weight.val(); // [heads·d, hidden]
+    let hidden = w.dims()[1];
+    let w = w.reshape([heads, d, hidden]);
+    let v = values.unsqueeze_dim::<4>(1).expand([kv_heads, group, n, d]).reshape([heads, n, d]);
+    v.matmul(w).abs().sum_dim(2).reshape([heads, n])
+}
+
+/// What one compression did.
+#[derive(Debug, Clone, Default)]
+pub struct CompressionReport {
+    /// `[layer][kv_head]` kept source positions.
+    pub kept: Vec<Vec<Vec<u32>>>,
+    pub prompt_tokens: usize,
+    /// Entries kept over all layers and heads.
+    pub kept_entries: usize,
+    /// K/V bytes of the full prompt and of the compressed cache's storage.
+    pub full_bytes: usize,
+    pub compressed_bytes: usize,
+    /// The most K/V storage held at once while prefilling and compressing.
+    pub peak_bytes: usize,
+    /// Reading statistics back and planning; gathering the kept entries.
+    pub plan_time: Duration,
+    pub compact_time: Duration,
+}
+
+/// Gathers the kept positions of `plan` from `full` into a new cache with room for `extra`
+/// more tokens per head (at least `min_capacity` slots per head).
+pub fn compress_cache(full: &KvCache, kept: &[Vec<Vec<u32>>], extra: usize, min_capacity: usize) -> Result<KvCache> {
+    let mut layers: Vec<LayerKv> = Vec::with_capacity(kept.len());
+    for (l, heads) in kept.iter().enumerate() {
+        let layer = full.layer(l)?;
+        let slots: Vec<Vec<u32>> =
+            heads.iter().enumerate().map(|(h, pos)| slots_of(layer.head_positions(h), pos)).collect::<Result<_>>()?;
+        let most = heads.iter().map(Vec::len).max().unwrap_or(0);
+        let capacity = (most + extra).max(min_capacity).max(1);
+        layers.push(layer.gather(&slots, capacity)?);
+    }
+    Ok(KvCache::from_layers(layers)?)
+}
+
+/// Slots holding `positions` (sorted) in a head whose slots hold `slot_positions`.
+fn slots_of(slot_positions: &[u32], positions: &[u32]) -> Result<Vec<u32>> {
+    let sorted = slot_positions.windows(2).all(|w| w[0] < w[1]);
+    positions
+        .iter()
+        .map(|&p| {
+            let found = if sorted {
+                slot_positions.binary_search(&p).ok()
+            } else {
+                slot_positions.iter().position(|&s| s == p)
+            };
+            found
+                .map(|s| s as u32)
+                .ok_or_else(|| RuntimeError::Options(format!("kept position {p} is not in the cache")))
+        })
+        .collect()
+}
+
+/// Builds a compressed cache from a prefilled one and, for decode-time rules, the eviction
+/// state: the policy's plan, the gather into smaller storage, the report.
+pub async fn compress(
+    compression: &Compression,
+    stats: &[HostLayerStats],
+    full: &KvCache,
+    model: &Llama,
+    max_new_tokens: usize,
+) -> Result<(KvCache, Option<DecodeEviction>, CompressionReport)> {
+    let t0 = now();
+    let plan = compression.plan(stats, full, model).await?;
+    let t1 = now();
+    let rule = compression.decode_rule(plan.budget.per_layer);
+    let (extra, min_capacity) = compression.room(&rule, plan.budget.per_layer, full.max_len(), max_new_tokens);
+    let cache = compress_cache(full, &plan.kept, extra, min_capacity)?;
+    cache_sync(&cache)?;
+    let t2 = now();
+    let eviction = match rule {
+        DecodeRule::Grow => None,
+        DecodeRule::Recent { .. } | DecodeRule::Ladder(_) => Some(DecodeEviction::new(rule, &cache, Vec::new())),
+        _ => Some(DecodeEviction::new(rule, &cache, compression.initial_scores(stats, &plan)?)),
+    };
+    let g = full.geometry();
+    let prompt_tokens = full.max_len();
+    let report = CompressionReport {
+        kept_entries: plan.kept.iter().flatten().map(Vec::len).sum(),
+        kept: plan.kept,
+        prompt_tokens,
+        full_bytes: 2 * g.layers * g.kv_heads * prompt_tokens * g.head_dim * 4,
+        compressed_bytes: cache.storage_bytes(),
+        peak_bytes: full.storage_bytes() + cache.storage_bytes(),
+        plan_time: Duration::from_secs_f64(t1 - t0),
+        compact_time: Duration::from_secs_f64(t2 - t1),
+    };
+    Ok((cache, eviction, report))
+}
+
+/// Waits for the queued work on the cache's device, so that the phases are timed apart. Not in
+/// the browser: it cannot block on the GPU (a blocking sync never returns there), and its
+/// `now()` reports zero durations anyway.
+fn cache_sync(cache: &KvCache) -> Result<()> {
+    #[cfg(not(target_family = "wasm"))]
+    if let Ok(l) = cache.layer(0) {
+        l.storage().0.device().sync().map_err(|e| RuntimeError::Device(format!("{e:?}")))?;
+    }
+    #[cfg(target_family = "wasm")]
+    let _ = cache;
+    Ok(())
+}
+
