@@ -180,7 +180,7 @@ pub(crate) fn prefill(
         .map_err(|e| RuntimeError::Options(format!("{}: {e}", compression.label())))?;
     let geometry = CacheGeometry { layers: c.num_layers, kv_heads: c.num_kv_heads, head_dim: c.head_dim, capacity: n };
     let mut store = CascadeStore::new(
-        &compression.policy(),
+        compression.policy(),
         geometry,
         n,
         budget.per_layer,
