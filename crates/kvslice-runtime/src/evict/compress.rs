@@ -19,7 +19,7 @@ pub struct Compression {
     name: String,
     budget_text: String,
     policy: Policy,
-    spec: BudgetSpec,
+    pub(crate) spec: BudgetSpec,
     cascade: bool,
 }
 
