@@ -107,8 +107,8 @@ pub fn ridge_leverage(keys: &[f32], weights: &[f32], kv_heads: usize, len: usize
         let key = |j: usize| &keys[(h * len + j) * d..(h * len + j + 1) * d];
         let w = &weights[h * len..(h + 1) * len];
         let mut g = vec![0f64; d * d];
-        for j in 0..len {
-            let wj = f64::from(w[j]);
+        for (j, &wj) in w.iter().enumerate() {
+            let wj = f64::from(wj);
             if wj == 0.0 {
                 continue;
             }
