@@ -30,6 +30,29 @@ pub enum PolicyError {
     /// A policy name that is not in the registry.
     #[error("unknown policy {name:?}; known policies: {known}")]
     UnknownPolicy { name: String, known: String },
+    /// An option the policy does not declare.
+    #[error("unknown option {option:?} for {policy}; its options: {options}")]
+    UnknownOption {
+        /// The policy.
+        policy: String,
+        /// The option as given.
+        option: String,
+        /// Every option of the policy, `name=default (range)`, comma-separated.
+        options: String,
+    },
+    /// An option that is malformed, given twice, or whose value does not parse or lies outside
+    /// its range.
+    #[error("invalid option {option:?} for {policy}: {reason}; its options: {options}")]
+    InvalidOption {
+        /// The policy.
+        policy: String,
+        /// The option as given (`key=value`, or the malformed text).
+        option: String,
+        /// What is wrong with it.
+        reason: String,
+        /// Every option of the policy, `name=default (range)`, comma-separated.
+        options: String,
+    },
 }
 
 /// Result alias of the crate.

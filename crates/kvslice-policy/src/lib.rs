@@ -12,8 +12,10 @@
 
 pub mod alloc;
 pub mod budget;
+pub mod decode;
 pub mod error;
 pub mod ladder;
+pub mod options;
 pub mod pool;
 pub mod reference;
 pub mod registry;
@@ -23,10 +25,14 @@ pub mod stats;
 
 pub use alloc::{AdaKv, AdaMode, Allocation, Allocator, Cake, CakeCascade, LayerScores, PyramidKv, Uniform};
 pub use budget::{BudgetSpec, ResolvedBudget, SinkCount, WindowSize};
+pub use decode::{DecodeRule, DecodeSpec};
 pub use error::{PolicyError, Result};
 pub use ladder::{Ladder, LadderPlan};
+pub use options::{OptionKind, OptionSpec, Options, PolicySpec};
 pub use pool::Pooling;
-pub use registry::{Entry, LayerInput, ModelInfo, Plan, Policy, build, listing, lookup, registry};
+pub use registry::{
+    Entry, LayerInput, ModelInfo, Plan, Policy, build, build_spec, listing, listing_verbose, lookup, registry,
+};
 pub use scorer::{
     AnDPro, CakeIndicator, CounterCausal, CounterCausalPass, CriticalKv, ExpectedAttention, H2o, Inertia, Jacap, Knorm,
     Refresh, Rope, Scorer, SnapKv, Span, StreamingLlm, Temporal, Tova, TwinKv, TwinRepair,

@@ -137,6 +137,10 @@ impl Allocator for Cake {
         "cake"
     }
 
+    fn cascade(&self) -> Option<Cake> {
+        Some(*self)
+    }
+
     fn allocate(&self, layers: &[LayerScores<'_>], budget: &ResolvedBudget, protect: Protect) -> Result<Allocation> {
         let n = common_len(layers, budget)?;
         let w = protect.count(n);

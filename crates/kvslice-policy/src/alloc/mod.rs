@@ -56,6 +56,11 @@ pub trait Allocator: Debug + Send + Sync {
     fn name(&self) -> &'static str;
     /// Budgets for every layer and KV head. `budget.per_layer` counts tokens per KV head.
     fn allocate(&self, layers: &[LayerScores<'_>], budget: &ResolvedBudget, protect: Protect) -> Result<Allocation>;
+    /// CAKE's parameters when this allocator is CAKE's, whose layer-by-layer cascade
+    /// ([`CakeCascade`]) the runtime runs during the prefill; `None` (the default) otherwise.
+    fn cascade(&self) -> Option<Cake> {
+        None
+    }
 }
 
 /// Checks that all layers share one prompt length and returns it with the layer count.

@@ -20,8 +20,10 @@ pub struct CakeIndicator {
 }
 
 impl Default for CakeIndicator {
+    /// The defaults of the registry's `cake` options (γ = 200, w = 32, average pooling of 5),
+    /// the one place these numbers are written.
     fn default() -> Self {
-        CakeIndicator { window: 32, gamma: 200.0, pooling: Pooling::Avg(5) }
+        crate::registry::default_cake_indicator()
     }
 }
 
@@ -41,6 +43,11 @@ impl CakeIndicator {
     /// The observation window.
     pub fn window(&self) -> usize {
         self.window
+    }
+
+    /// The weight γ of the variance.
+    pub fn gamma(&self) -> f32 {
+        self.gamma
     }
 }
 

@@ -89,6 +89,13 @@ impl Default for TwinKv {
     }
 }
 
+impl TwinKv {
+    /// Keeps the first `sinks` and the last `recent` tokens regardless of their uniqueness.
+    pub fn new(sinks: usize, recent: usize) -> Self {
+        TwinKv { sinks, recent }
+    }
+}
+
 impl Scorer for TwinKv {
     fn name(&self) -> &'static str {
         "twinkv"
