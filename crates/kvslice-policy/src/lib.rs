@@ -9,6 +9,10 @@
 //! 2. a [`Scorer`] turns them into [`Scores`] per KV head and position;
 //! 3. an [`Allocator`] splits the resolved [`BudgetSpec`] over layers and heads;
 //! 4. [`select_top_k`] keeps the best positions, protected sinks and recent window included.
+//!
+//! A [`registry()`] entry describes a whole policy: the steps above, its options on the command
+//! line (`snapkv:window=32,kernel=7`, [`build_spec`], [`Entry::options`]) and what the cache
+//! does while decoding ([`DecodeSpec`], resolved at a budget by [`Policy::decode_rule`]).
 
 pub mod alloc;
 pub mod budget;

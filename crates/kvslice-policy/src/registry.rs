@@ -341,7 +341,7 @@ fn snap_paper() -> Vec<OptionSpec> {
 fn span_options() -> Vec<OptionSpec> {
     vec![
         int("span", "12", 0, 4096, "each token scores the best of the `span` tokens before it"),
-        int("before", "2", 0, 4096, "… and of the `before` tokens after it"),
+        int("before", "2", 0, 4096, "each token also scores the best of the `before` tokens after it"),
     ]
 }
 
