@@ -8,7 +8,9 @@ use kvslice_model::Llama;
 use kvslice_model::load::load_llama;
 use kvslice_policy::reference::{self, Dims};
 use kvslice_runtime::evict::observe::layer_stats;
-use kvslice_runtime::{Compression, GenerateOptions, RuntimeError, Sampler, Session, StatsRequest};
+use kvslice_runtime::{
+    Compression, CompressionReport, GenerateOptions, Generator, RuntimeError, Sampler, Session, StatsRequest,
+};
 use kvslice_tests::{cpu, tiny_hf_weights, wgpu};
 
 /// Deterministic values in [-1, 1) (64-bit LCG, top bits).
@@ -116,6 +118,22 @@ fn greedy(max_new_tokens: usize) -> GenerateOptions {
     GenerateOptions { max_new_tokens, sampler: Sampler::greedy(), stop_tokens: Vec::new() }
 }
 
+/// Prefill, compression and greedy decoding through the runtime's generation loop: the
+/// session it leaves, the tokens and what the compression did.
+fn generate<'m>(
+    model: &'m Llama,
+    ids: &[u32],
+    options: &GenerateOptions,
+    c: &Compression,
+) -> Result<(Session<'m>, Vec<u32>, CompressionReport), RuntimeError> {
+    pollster::block_on(async {
+        let mut g = Generator::prefill(model, ids, options.clone(), Some(c)).await?;
+        g.run().await?;
+        let (tokens, report) = (g.tokens().to_vec(), g.report().cloned().unwrap_or_default());
+        Ok((g.into_session(), tokens, report))
+    })
+}
+
 fn compression(model: &Llama, name: &str, budget: &str) -> Compression {
     Compression::new(name, budget, &Compression::model_info(model)).unwrap()
 }
@@ -124,8 +142,11 @@ fn compression(model: &Llama, name: &str, budget: &str) -> Compression {
 fn budget_past_the_prompt_keeps_everything(device: Device) {
     let model = tiny(&device);
     let ids = prompt(150);
-    let mut full = Session::new(&model, 170).unwrap();
-    let (want, _) = pollster::block_on(full.generate(&ids, &greedy(12), |_| true)).unwrap();
+    let want = pollster::block_on(async {
+        let mut g = Generator::prefill(&model, &ids, greedy(12), None).await?;
+        g.run().await.map(<[u32]>::to_vec)
+    })
+    .unwrap();
     for (name, budget) in [
         ("snapkv", "100%"),
         ("h2o", "4096"),
@@ -137,8 +158,7 @@ fn budget_past_the_prompt_keeps_everything(device: Device) {
         ("inertiakv", "170"),
     ] {
         let c = compression(&model, name, budget);
-        let (session, got, _, report) =
-            pollster::block_on(Session::generate_compressed(&model, &ids, &greedy(12), &c, |_| true)).unwrap();
+        let (session, got, report) = generate(&model, &ids, &greedy(12), &c).unwrap();
         assert_eq!(got, want, "{name}@{budget}");
         assert_eq!(report.kept_entries, 150 * 3 * 2, "{name}@{budget}");
         assert_eq!(session.position(), 150 + 11);
@@ -161,8 +181,7 @@ fn snapkv_keeps_its_budget(device: Device) {
     let model = tiny(&device);
     let ids = prompt(150);
     let c = compression(&model, "snapkv", "50%");
-    let (session, tokens, _, report) =
-        pollster::block_on(Session::generate_compressed(&model, &ids, &greedy(8), &c, |_| true)).unwrap();
+    let (session, tokens, report) = generate(&model, &ids, &greedy(8), &c).unwrap();
     assert_eq!(tokens.len(), 8);
     assert_eq!(report.kept.len(), 3);
     for layer in &report.kept {
@@ -199,8 +218,7 @@ fn streaming_llm_keeps_sinks_and_recent(device: Device) {
     let model = tiny(&device);
     let ids = prompt(40);
     let c = compression(&model, "streaming-llm", "16");
-    let (session, tokens, _, report) =
-        pollster::block_on(Session::generate_compressed(&model, &ids, &greedy(20), &c, |_| true)).unwrap();
+    let (session, tokens, report) = generate(&model, &ids, &greedy(20), &c).unwrap();
     assert_eq!(tokens.len(), 20);
     let expect_prefill: Vec<u32> = (0..4).chain(28..40).collect();
     assert!(report.kept.iter().flatten().all(|k| *k == expect_prefill));
@@ -234,8 +252,7 @@ fn decode_time_policies_keep_a_fixed_size(device: Device) {
     let ids = prompt(60);
     for name in ["h2o", "tova", "lacache", "inertiakv", "inertiakv-lazy", "inertiakv-score-free"] {
         let c = compression(&model, name, "24");
-        let (session, tokens, _, _) =
-            pollster::block_on(Session::generate_compressed(&model, &ids, &greedy(30), &c, |_| true)).unwrap();
+        let (session, tokens, _) = generate(&model, &ids, &greedy(30), &c).unwrap();
         assert_eq!(tokens.len(), 30);
         for layer in session.cache().layers() {
             assert_eq!(layer.capacity(), 24, "{name}");
@@ -266,8 +283,7 @@ fn decode_time_policies_keep_a_fixed_size(device: Device) {
     // CAKE's decoding phase: every layer stays at its own cascade budget (24 per layer on
     // average), full, with the newest token and its 32-step window cached.
     let c = compression(&model, "cake", "40L");
-    let (session, tokens, _, report) =
-        pollster::block_on(Session::generate_compressed(&model, &ids, &greedy(30), &c, |_| true)).unwrap();
+    let (session, tokens, report) = generate(&model, &ids, &greedy(30), &c).unwrap();
     assert_eq!(tokens.len(), 30);
     let mut total = 0;
     for (l, layer) in session.cache().layers().iter().enumerate() {
@@ -307,14 +323,14 @@ fn bad_requests_are_errors() {
     // 600 tokens do not fit the tiny model's 512-token context: refused before prefill.
     let c = compression(&model, "snapkv", "10%");
     let long = prompt(600);
-    match pollster::block_on(Session::generate_compressed(&model, &long, &greedy(4), &c, |_| true)) {
+    match generate(&model, &long, &greedy(4), &c) {
         Err(RuntimeError::ContextOverflow { tokens: 600, context: 512, .. }) => {}
         Err(e) => panic!("unexpected error {e}"),
         Ok(_) => panic!("a prompt past the context was accepted"),
     }
     // A budget below the policy's protected window is an error naming both.
     let c = compression(&model, "snapkv", "10%");
-    let e = pollster::block_on(Session::generate_compressed(&model, &prompt(100), &greedy(4), &c, |_| true));
+    let e = generate(&model, &prompt(100), &greedy(4), &c);
     let e = e.err().expect("10 tokens cannot hold SnapKV's 64-token window").to_string();
     assert!(e.contains("64") && e.contains("10"), "{e}");
 }
@@ -330,8 +346,7 @@ fn cake_cascade_matches_one_eviction_with_less_memory() {
     let ids = prompt(200);
     let c = compression(&model, "cake", "50L");
     assert!(c.cascades());
-    let (_, tokens, _, report) =
-        pollster::block_on(Session::generate_compressed(&model, &ids, &greedy(6), &c, |_| true)).unwrap();
+    let (_, tokens, report) = generate(&model, &ids, &greedy(6), &c).unwrap();
     assert_eq!(tokens.len(), 6);
     let budgets: Vec<usize> = report.kept.iter().map(|l| l[0].len()).collect();
     assert_eq!(budgets.iter().sum::<usize>(), 50 * 3, "{budgets:?}");
@@ -409,8 +424,7 @@ fn score_free_decoding_evicts_in_the_frozen_order(device: Device) {
     let model = tiny(&device);
     let ids = prompt(60);
     let c = compression(&model, "inertiakv-score-free", "24");
-    let (session, tokens, _, _) =
-        pollster::block_on(Session::generate_compressed(&model, &ids, &greedy(12), &c, |_| true)).unwrap();
+    let (session, tokens, _) = generate(&model, &ids, &greedy(12), &c).unwrap();
     assert_eq!(tokens.len(), 12);
     let prefilled = pollster::block_on(Session::prefill_for(&model, &ids, &c.request(3))).unwrap();
     let policy = c.policy();

@@ -5,7 +5,7 @@
 //! position, and the same top-1 token.
 
 use burn::tensor::Device;
-use kvslice_runtime::{GenerateOptions, LoadedModel, Sampler, Session};
+use kvslice_runtime::{GenerateOptions, Generator, LoadedModel, Session};
 use kvslice_tests::{cpu, default_model, golden_json, ids, wgpu};
 
 const LOGIT_TOLERANCE: f32 = 1e-2;
@@ -79,10 +79,13 @@ fn check_greedy(device: Device, cases: &[&str]) {
         }
         let prompt = ids(&case["prompt_ids"]);
         let want = ids(&case["generated_ids"]);
-        let mut session = Session::new(&loaded.model, prompt.len() + want.len()).unwrap();
         // No stop token: transformers' reference decodes past EOS for the full count.
-        let options = GenerateOptions { max_new_tokens: want.len(), sampler: Sampler::greedy(), stop_tokens: vec![] };
-        let (got, _) = pollster::block_on(session.generate(&prompt, &options, |_| true)).unwrap();
+        let options = GenerateOptions::greedy(want.len(), vec![]);
+        let got = pollster::block_on(async {
+            let mut g = Generator::prefill(&loaded.model, &prompt, options, None).await?;
+            g.run().await.map(<[u32]>::to_vec)
+        })
+        .unwrap();
         assert_eq!(
             got,
             want,

@@ -51,9 +51,9 @@ pub struct CacheGeometry {
 }
 
 impl CacheGeometry {
-    /// Bytes of K and V storage for the whole cache at f32.
-    pub fn bytes(&self) -> usize {
-        2 * self.layers * self.kv_heads * self.capacity * self.head_dim * 4
+    /// Bytes of K and V storage for the whole cache with elements of `element_bytes` bytes.
+    pub fn bytes(&self, element_bytes: usize) -> usize {
+        2 * self.layers * self.kv_heads * self.capacity * self.head_dim * element_bytes
     }
 
     fn validate(&self) -> Result<()> {
@@ -109,9 +109,19 @@ impl LayerKv {
         self.capacity
     }
 
-    /// Bytes of K/V storage this layer holds (f32), occupied or not.
+    /// Bytes of one element of the storage (4 for f32, 2 for f16).
+    pub fn element_bytes(&self) -> usize {
+        self.keys.dtype().size()
+    }
+
+    /// Bytes of one cached entry: a key and a value of `head_dim` elements.
+    pub fn entry_bytes(&self) -> usize {
+        2 * self.head_dim * self.element_bytes()
+    }
+
+    /// Bytes of K/V storage this layer holds, occupied or not.
     pub fn storage_bytes(&self) -> usize {
-        2 * self.kv_heads * self.capacity * self.head_dim * 4
+        self.kv_heads * self.capacity * self.entry_bytes()
     }
 
     /// Occupied slots per KV head.
@@ -462,7 +472,7 @@ impl KvCache {
         Ok(())
     }
 
-    /// Bytes of K/V storage held by every layer, occupied or not (f32).
+    /// Bytes of K/V storage held by every layer, occupied or not.
     pub fn storage_bytes(&self) -> usize {
         self.layers.iter().map(LayerKv::storage_bytes).sum()
     }
@@ -482,9 +492,14 @@ impl KvCache {
         self.layers.iter().map(|l| l.lens.iter().sum::<usize>()).sum()
     }
 
-    /// Bytes of K/V storage occupied by live entries (f32).
+    /// Bytes of one cached entry (a key and a value), from the storage's element type.
+    pub fn entry_bytes(&self) -> usize {
+        self.layers.first().map_or(0, LayerKv::entry_bytes)
+    }
+
+    /// Bytes of K/V storage occupied by live entries.
     pub fn occupied_bytes(&self) -> usize {
-        self.occupied_slots() * self.geometry.head_dim * 2 * 4
+        self.layers.iter().map(|l| l.lens.iter().sum::<usize>() * l.entry_bytes()).sum()
     }
 
     pub fn layer_mut(&mut self, layer: usize) -> Result<&mut LayerKv> {

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use kvslice_runtime::{Compression, Session, read_f32};
+use kvslice_runtime::{Compression, GenerateOptions, Generator, Llama, Sampler, Session, read_f32};
 
 use crate::ModelArgs;
 
@@ -54,7 +54,7 @@ pub fn run(args: BenchArgs, verbose: bool) -> Result<()> {
     {
         let mut s = Session::new(model, 64)?;
         pollster::block_on(s.next_logits(&tokens(32, vocab, 1)))?;
-        pollster::block_on(s.next_logits(&[5]))?;
+        pollster::block_on(s.step(&[5], &mut Sampler::greedy()))?;
     }
     println!("| measurement | tokens | seconds | tok/s |");
     println!("|---|---|---|---|");
@@ -78,8 +78,9 @@ pub fn run(args: BenchArgs, verbose: bool) -> Result<()> {
             pollster::block_on(read_f32(hidden.narrow(0, depth - 1, 1)))?;
             let steps = tokens(args.decode_steps, vocab, 30);
             let t = Instant::now();
+            let mut greedy = Sampler::greedy();
             for &tok in &steps {
-                pollster::block_on(s.next_logits(&[tok]))?;
+                pollster::block_on(s.step(&[tok], &mut greedy))?;
             }
             best = best.min(t.elapsed().as_secs_f64());
         }
@@ -102,7 +103,7 @@ pub fn run(args: BenchArgs, verbose: bool) -> Result<()> {
 /// With several policies, one prefill records the union of their statistics (the statistics
 /// time in each share is then that union's).
 fn compressed(
-    model: &kvslice_model::Llama,
+    model: &Llama,
     policies: &[String],
     budget: &str,
     depth: usize,
@@ -111,8 +112,10 @@ fn compressed(
 ) -> Result<()> {
     let vocab = model.config.vocab_size;
     let info = Compression::model_info(model);
-    let all: Vec<Compression> =
-        policies.iter().map(|p| Compression::new(p, budget, &info)).collect::<std::result::Result<_, _>>()?;
+    let all: Vec<Compression> = crate::policy_list(policies)
+        .iter()
+        .map(|p| Compression::new(p, budget, &info))
+        .collect::<std::result::Result<_, _>>()?;
     let mut request = kvslice_runtime::StatsRequest::default();
     for c in &all {
         c.add_to(&mut request, model.config.num_layers);
@@ -133,7 +136,7 @@ fn compressed(
 }
 
 fn decode_after(
-    model: &kvslice_model::Llama,
+    model: &Llama,
     c: &Compression,
     prefilled: &kvslice_runtime::Prefilled,
     plain: f64,
@@ -141,16 +144,17 @@ fn decode_after(
     full_per_token: f64,
     args: &BenchArgs,
 ) -> Result<()> {
-    let (mut session, report) = pollster::block_on(Session::resume(model, prefilled, Some(c), args.decode_steps + 1))?;
-    let report = report.expect("a compression report");
+    let options = GenerateOptions::greedy(args.decode_steps + 1, Vec::new());
+    let mut generator = pollster::block_on(Generator::resume(model, prefilled, Some(c), options))?;
+    let report = generator.report().cloned().unwrap_or_default();
     // statistics as computed inside the forward pass (exact on the CPU backend) + read-back,
     // planning and compaction; the plain prefill is the reference
     let (stats_compute, stats_read) = (prefilled.stats_compute_seconds, prefilled.stats_seconds);
     let overhead = stats_compute + stats_read + report.plan_time.as_secs_f64() + report.compact_time.as_secs_f64();
     let t = Instant::now();
-    pollster::block_on(session.continue_greedy(5, args.decode_steps + 1, &[]))?;
+    pollster::block_on(generator.run())?;
     let per = t.elapsed().as_secs_f64() / args.decode_steps as f64;
-    let evictions = match session.eviction() {
+    let evictions = match generator.session().eviction() {
         Some(e) => format!(", {} evictions, {} score refreshes", e.evicted, e.refreshes()),
         None => String::new(),
     };

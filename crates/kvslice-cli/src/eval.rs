@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use kvslice_eval::report::{CaseReport, FULL, Report, passes};
-use kvslice_runtime::{Compression, Session, StatsRequest};
+use kvslice_runtime::{Compression, GenerateOptions, Generator, Session, StatsRequest, policies};
 
 use crate::ModelArgs;
 
@@ -68,9 +68,9 @@ pub fn run(args: EvalArgs, verbose: bool) -> Result<()> {
     let model = &loaded.model;
     let info = Compression::model_info(model);
     let names: Vec<String> = if args.policy.iter().any(|p| p == "all") {
-        kvslice_policy::registry().iter().map(|e| e.name.to_string()).collect()
+        policies::registry().iter().map(|e| e.name.to_string()).collect()
     } else {
-        args.policy.clone()
+        crate::policy_list(&args.policy)
     };
     let mut compressions = Vec::new();
     for name in &names {
@@ -133,15 +133,15 @@ pub fn run(args: EvalArgs, verbose: bool) -> Result<()> {
             let key = c.map(Compression::label).unwrap_or_else(|| FULL.to_string());
             let t = Instant::now();
             let outcome = pollster::block_on(async {
-                let (mut session, compressed) = Session::resume(model, &prefilled, c, args.max_new_tokens).await?;
-                let tokens = session.continue_greedy(prefilled.first_token, args.max_new_tokens, &stop).await?;
-                Ok::<_, kvslice_runtime::RuntimeError>((tokens, compressed))
+                let options = GenerateOptions::greedy(args.max_new_tokens, stop.clone());
+                let mut generator = Generator::resume(model, &prefilled, c, options).await?;
+                generator.run().await?;
+                Ok::<_, kvslice_runtime::RuntimeError>((generator.output(), generator.report().cloned()))
             });
             timing.runs += t.elapsed().as_secs_f64();
             timing.run_count += 1;
             let (output, pass) = match outcome {
-                Ok((tokens, compressed)) => {
-                    let kept: Vec<u32> = tokens.into_iter().filter(|t| !stop.contains(t)).collect();
+                Ok((kept, compressed)) => {
                     let text = loaded.decode(&kept)?;
                     if let Some(r) = compressed
                         && i == 0

@@ -10,7 +10,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use kvslice_runtime::{Compression, DeviceChoice, GenerateOptions, LoadedModel, Sampler, Session, init_device};
+use kvslice_runtime::{
+    Compression, DeviceChoice, GenerateOptions, Generator, LoadedModel, Sampler, Session, init_device, policies,
+};
 
 #[derive(Parser)]
 #[command(
@@ -120,7 +122,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Policies => {
-            print!("{}", kvslice_policy::listing());
+            print!("{}", policies::listing());
             Ok(())
         }
         Command::Cases(args) => cases::run(args),
@@ -140,58 +142,18 @@ fn run(cli: Cli) -> Result<()> {
                 }
                 None => None,
             };
-            let mut session =
-                Session::new(&loaded.model, if compression.is_some() { 1 } else { ids.len() + max_new_tokens })?;
             let options = GenerateOptions { max_new_tokens, sampler, stop_tokens: loaded.stop_tokens() };
-            let mut printed = String::new();
-            let mut generated = Vec::new();
+            let mut generator =
+                pollster::block_on(Generator::prefill(&loaded.model, &ids, options, compression.as_ref()))?
+                    .with_tokenizer(&loaded.tokenizer);
             let mut stdout = std::io::stdout();
-            let mut stream_err = None;
-            let mut report = None;
-            let on_token = |token| {
-                generated.push(token);
-                if options.stop_tokens.contains(&token) {
-                    return false;
-                }
-                match loaded.decode(&generated) {
-                    // Print only whole characters: a token may end inside a UTF-8 sequence.
-                    Ok(text)
-                        if !text.ends_with('\u{FFFD}')
-                            && text.len() >= printed.len()
-                            && text.starts_with(printed.as_str()) =>
-                    {
-                        let _ = stdout.write_all(text[printed.len()..].as_bytes());
-                        let _ = stdout.flush();
-                        printed = text;
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        stream_err = Some(e);
-                        return false;
-                    }
-                }
-                true
-            };
-            let stats = match &compression {
-                None => pollster::block_on(session.generate(&ids, &options, on_token))?.1,
-                Some(c) => {
-                    let (_, _, stats, r) =
-                        pollster::block_on(Session::generate_compressed(&loaded.model, &ids, &options, c, on_token))?;
-                    report = Some(r);
-                    stats
-                }
-            };
-            if let Some(e) = stream_err {
-                return Err(e.into());
+            while let Some(token) = pollster::block_on(generator.next())? {
+                stdout.write_all(token.text.as_bytes())?;
+                stdout.flush()?;
             }
-            let text = loaded.decode(
-                generated.iter().copied().filter(|t| !options.stop_tokens.contains(t)).collect::<Vec<_>>().as_slice(),
-            )?;
-            if let Some(rest) = text.strip_prefix(printed.as_str()) {
-                print!("{rest}");
-            }
-            println!();
-            eprintln!("{stats}");
+            println!("{}", generator.rest()?);
+            eprintln!("{}", generator.stats());
+            let report = generator.report();
             if let (Some(r), Some(c)) = (report, &compression) {
                 eprintln!(
                     "{}: kept {} of {} KV entries ({:.1}%); KV memory {:.2} MiB instead of {:.2} MiB (peak {:.2} MiB); planning {:.0} ms, compaction {:.0} ms",
@@ -262,6 +224,24 @@ pub(crate) fn open(args: &ModelArgs, verbose: bool) -> Result<LoadedModel> {
         );
     }
     Ok(loaded)
+}
+
+/// Policy specs from a comma-separated list whose entries may carry options of their own
+/// (`snapkv:window=32,kernel=7,h2o` is two policies): a piece without `:` that holds `=` is an
+/// option of the policy before it.
+pub(crate) fn policy_list(pieces: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for piece in pieces.iter().flat_map(|p| p.split(',')) {
+        match out.last_mut() {
+            Some(last) if last.contains(':') && !piece.contains(':') && piece.contains('=') => {
+                last.push(',');
+                last.push_str(piece);
+            }
+            _ => out.push(piece.to_string()),
+        }
+    }
+    out.retain(|p| !p.is_empty());
+    out
 }
 
 /// The `k` largest logits, highest first; ties by lower id.

@@ -1,5 +1,6 @@
 //! Hostile GGUF input: every corruption is a typed error, never a panic, and the reader
 //! never makes an allocation much larger than the input before validating it.
+#![allow(unsafe_code)] // a counting global allocator: the test measures what the parser reserves
 
 mod common;
 

@@ -1,19 +1,39 @@
-//! The kvslice runtime: device selection, model loading, and sessions that prefill and decode
-//! over the KV cache. No filesystem access or threads below the `fs` helpers, so the crate
-//! builds for `wasm32-unknown-unknown`.
+//! The kvslice runtime: device selection, model loading, and sessions that prefill, compress
+//! and decode over the KV cache. No filesystem access or threads below the `fs` helpers, so the
+//! crate builds for `wasm32-unknown-unknown`.
+//!
+//! Embedders need only this crate: it re-exports the model ([`Llama`], [`LoadedModel`]), the
+//! policy registry ([`policies`]), the cache ([`KvCache`]) and the kernel conformance suite
+//! ([`conformance`]). The one generation loop is [`Generator`], over the step primitive
+//! [`Session::step`].
 
 pub mod device;
 pub mod error;
 pub mod evict;
+pub mod generate;
+mod host;
 pub mod loading;
 #[cfg(not(target_family = "wasm"))]
 pub mod paths;
 pub mod sampling;
 pub mod session;
 
+pub use burn::tensor::Device;
 pub use device::{DeviceChoice, DeviceInfo, GraphicsApi, device_info, init_device};
 pub use error::{Result, RuntimeError};
-pub use evict::{Compression, CompressionReport, DecodeRule, StatsRequest};
+pub use evict::{Compression, CompressionReport, DecodeEviction, DecodeRule, StatsRequest};
+pub use generate::{GenerateOptions, GenerationStats, Generator, TextStream, Token};
+pub use host::read_f32;
+pub use kvslice_cache::{CacheGeometry, KvCache, LayerKv};
+pub use kvslice_formats::{ModelConfig, Tokenizer};
+/// Every kernel against its CPU twin on a device: the cross-vendor check.
+pub use kvslice_kernels::conformance;
+pub use kvslice_model::Llama;
 pub use loading::LoadedModel;
 pub use sampling::Sampler;
-pub use session::{GenerateOptions, GenerationStats, Prefilled, Session, read_f32};
+pub use session::{Prefilled, Session};
+
+/// The eviction policies: the registry the CLI lists and the options each declares.
+pub mod policies {
+    pub use kvslice_policy::{BudgetSpec, Entry, ModelInfo, Policy, listing, lookup, registry};
+}

@@ -10,51 +10,8 @@ use kvslice_model::Llama;
 use crate::error::{Result, RuntimeError};
 use crate::evict::observe::Recorder;
 use crate::evict::{Compression, CompressionReport, DecodeEviction, EvictingStore, HostLayerStats, StatsRequest};
+use crate::host::{now, read_f32};
 use crate::sampling::Sampler;
-
-/// Timings and counts of one generation.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct GenerationStats {
-    pub prompt_tokens: usize,
-    pub prefill_seconds: f64,
-    /// Tokens produced (the first comes from the prefill's last position).
-    pub generated_tokens: usize,
-    /// Single-token forward passes run after the prefill.
-    pub decode_steps: usize,
-    pub decode_seconds: f64,
-}
-
-impl GenerationStats {
-    pub fn prefill_tokens_per_second(&self) -> f64 {
-        self.prompt_tokens as f64 / self.prefill_seconds.max(1e-9)
-    }
-
-    pub fn decode_tokens_per_second(&self) -> f64 {
-        self.decode_steps as f64 / self.decode_seconds.max(1e-9)
-    }
-}
-
-impl std::fmt::Display for GenerationStats {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "prefill: {} tokens, {:.1} tok/s; decode: {} tokens, {:.1} tok/s",
-            self.prompt_tokens,
-            self.prefill_tokens_per_second(),
-            self.generated_tokens,
-            self.decode_tokens_per_second()
-        )
-    }
-}
-
-/// Options of [`Session::generate`].
-#[derive(Debug, Clone)]
-pub struct GenerateOptions {
-    pub max_new_tokens: usize,
-    pub sampler: Sampler,
-    /// Generation stops after any of these tokens (which is still reported).
-    pub stop_tokens: Vec<u32>,
-}
 
 /// One sequence on one model.
 pub struct Session<'m> {
@@ -100,6 +57,16 @@ impl<'m> Session<'m> {
         Self { model, cache, next_position, eviction: None }
     }
 
+    /// A session over a compressed cache whose decode-time rule keeps it at its size.
+    pub(crate) fn with_eviction(
+        model: &'m Llama,
+        cache: KvCache,
+        next_position: u32,
+        eviction: Option<DecodeEviction>,
+    ) -> Self {
+        Self { model, cache, next_position, eviction }
+    }
+
     /// Decode-time eviction state, when the session keeps a fixed-size cache.
     pub fn eviction(&self) -> Option<&DecodeEviction> {
         self.eviction.as_ref()
@@ -111,7 +78,7 @@ impl<'m> Session<'m> {
         Self::prefill_sampled(model, prompt, request, &mut Sampler::greedy()).await
     }
 
-    async fn prefill_sampled(
+    pub(crate) async fn prefill_sampled(
         model: &'m Llama,
         prompt: &[u32],
         request: &StatsRequest,
@@ -164,66 +131,9 @@ impl<'m> Session<'m> {
             Some(c) => {
                 let (cache, eviction, report) =
                     crate::evict::compress(c, &prefilled.stats, &prefilled.cache, model, max_new_tokens).await?;
-                let mut session = Session::from_cache(model, cache, n as u32);
-                session.eviction = eviction;
-                Ok((session, Some(report)))
+                Ok((Session::with_eviction(model, cache, n as u32, eviction), Some(report)))
             }
         }
-    }
-
-    /// Prefills `prompt`, compresses the cache with `compression` and decodes, calling
-    /// `on_token` with each new token (`false` stops). The prompt must fit the context with the
-    /// new tokens; it is refused before any work otherwise. Returns the session (for more
-    /// decoding), the tokens, the timings and what the compression did.
-    pub async fn generate_compressed(
-        model: &'m Llama,
-        prompt: &[u32],
-        options: &GenerateOptions,
-        compression: &Compression,
-        on_token: impl FnMut(u32) -> bool,
-    ) -> Result<(Session<'m>, Vec<u32>, GenerationStats, CompressionReport)> {
-        let context = model.config.max_position_embeddings;
-        let new = options.max_new_tokens.saturating_sub(1);
-        if prompt.len() + new > context {
-            return Err(RuntimeError::ContextOverflow { tokens: prompt.len(), new, context });
-        }
-        let mut sampler = options.sampler.clone();
-        let t0 = now();
-        #[cfg(not(target_family = "wasm"))]
-        let cascaded = if compression.cascades() {
-            let (cache, eviction, hidden, report) =
-                crate::evict::cascade::prefill(compression, model, prompt, options.max_new_tokens)?;
-            let mut session = Session::from_cache(model, cache, prompt.len() as u32);
-            session.eviction = Some(eviction);
-            let token = session.sample_last(hidden, &mut sampler).await?;
-            Some((session, report, token))
-        } else {
-            None
-        };
-        #[cfg(target_family = "wasm")]
-        let cascaded: Option<(Session<'m>, CompressionReport, u32)> = None;
-        let (mut session, report, token) = match cascaded {
-            Some(done) => done,
-            None => {
-                let request = compression.request(model.config.num_layers);
-                let prefilled = Self::prefill_sampled(model, prompt, &request, &mut sampler).await?;
-                let (session, report) =
-                    Self::resume(model, &prefilled, Some(compression), options.max_new_tokens).await?;
-                (session, report.unwrap_or_default(), prefilled.first_token)
-            }
-        };
-        let mut stats =
-            GenerationStats { prompt_tokens: prompt.len(), prefill_seconds: now() - t0, ..Default::default() };
-        let out = session.decode_from(token, options, &mut sampler, &mut stats, on_token).await?;
-        Ok((session, out, stats, report))
-    }
-
-    /// Greedy decoding after a prefill whose next token is `first`: returns up to
-    /// `max_new_tokens` tokens, `first` included, stopping after any of `stop`.
-    pub async fn continue_greedy(&mut self, first: u32, max_new_tokens: usize, stop: &[u32]) -> Result<Vec<u32>> {
-        let options = GenerateOptions { max_new_tokens, sampler: Sampler::greedy(), stop_tokens: stop.to_vec() };
-        let mut stats = GenerationStats::default();
-        self.decode_from(first, &options, &mut Sampler::greedy(), &mut stats, |_| true).await
     }
 
     pub fn model(&self) -> &Llama {
@@ -243,10 +153,25 @@ impl<'m> Session<'m> {
         self.next_position
     }
 
-    /// Forgets the sequence; the cache storage is kept.
+    /// Forgets the sequence and any decode-time eviction state; the cache storage is kept
+    /// (the cache then grows: a fresh sequence starts with nothing to evict).
     pub fn reset(&mut self) {
         self.cache.clear();
         self.next_position = 0;
+        self.eviction = None;
+    }
+
+    /// Refuses, before any work, `prompt` tokens followed by `new` generated ones that would
+    /// not fit the model's context from the current position (the generation loop feeds all
+    /// but the last generated token). The one context check of a generation.
+    pub fn check_context(&self, prompt: usize, new: usize) -> Result<()> {
+        let context = self.model.config.max_position_embeddings;
+        let used = self.next_position as usize;
+        let fed = used.checked_add(prompt).and_then(|x| x.checked_add(new.saturating_sub(1)));
+        match fed {
+            Some(total) if total <= context => Ok(()),
+            _ => Err(RuntimeError::ContextOverflow { tokens: used + prompt, new, context }),
+        }
     }
 
     fn check_room(&self, n: usize) -> Result<()> {
@@ -268,12 +193,28 @@ impl<'m> Session<'m> {
         let hidden = match &mut self.eviction {
             Some(eviction) if tokens.len() == 1 => {
                 let mut store = EvictingStore { cache: &mut self.cache, eviction };
-                self.model.forward(tokens, &positions, &mut store)?
+                let out = self.model.forward(tokens, &positions, &mut store);
+                if out.is_err() {
+                    eviction.discard_pending();
+                }
+                out?
             }
             _ => self.model.forward(tokens, &positions, &mut self.cache)?,
         };
         self.next_position += tokens.len() as u32;
         Ok(hidden)
+    }
+
+    /// The step primitive: feeds `tokens` (a prompt, a prompt chunk or the last generated
+    /// token) and returns the token `sampler` draws after them. Greedy choices are made on the
+    /// device (one integer read back instead of the vocabulary).
+    pub async fn step(&mut self, tokens: &[u32], sampler: &mut Sampler) -> Result<u32> {
+        if tokens.is_empty() {
+            return Err(RuntimeError::Options("nothing to feed".into()));
+        }
+        let hidden = self.feed(tokens)?;
+        self.absorb().await?;
+        self.sample_last(hidden, sampler).await
     }
 
     /// Folds the last step's attention into the decode-time eviction scores.
@@ -311,16 +252,8 @@ impl<'m> Session<'m> {
         Ok(self.logits_at(tokens, &[last]).await?.pop().unwrap_or_default())
     }
 
-    /// Feeds `tokens` and returns the greedy next token, choosing on the device (one integer
-    /// read back instead of the vocabulary).
-    async fn next_greedy(&mut self, tokens: &[u32]) -> Result<u32> {
-        let hidden = self.feed(tokens)?;
-        self.absorb().await?;
-        self.argmax_last(hidden).await
-    }
-
     /// The token `sampler` draws after the last row of `hidden` (`[n, hidden]`).
-    async fn sample_last(&self, hidden: Tensor<2>, sampler: &mut Sampler) -> Result<u32> {
+    pub(crate) async fn sample_last(&self, hidden: Tensor<2>, sampler: &mut Sampler) -> Result<u32> {
         if sampler.is_greedy() {
             return self.argmax_last(hidden).await;
         }
@@ -342,93 +275,4 @@ impl<'m> Session<'m> {
         let v = data[0].iter::<i64>().next().ok_or_else(|| RuntimeError::Readback("empty argmax".into()))?;
         Ok(v as u32)
     }
-
-    async fn next_token(&mut self, tokens: &[u32], sampler: &mut Sampler) -> Result<u32> {
-        if sampler.is_greedy() {
-            self.next_greedy(tokens).await
-        } else {
-            let logits = self.next_logits(tokens).await?;
-            Ok(sampler.sample(&logits))
-        }
-    }
-
-    /// Prefills `prompt` and decodes up to `max_new_tokens`, calling `on_token` with each new
-    /// token as soon as it is known; `on_token` returns `false` to stop early.
-    pub async fn generate(
-        &mut self,
-        prompt: &[u32],
-        options: &GenerateOptions,
-        on_token: impl FnMut(u32) -> bool,
-    ) -> Result<(Vec<u32>, GenerationStats)> {
-        if prompt.is_empty() {
-            return Err(RuntimeError::Options("empty prompt".into()));
-        }
-        self.check_room(prompt.len() + options.max_new_tokens.saturating_sub(1))?;
-        let mut sampler = options.sampler.clone();
-        let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..Default::default() };
-        let mut out = Vec::new();
-        if options.max_new_tokens == 0 {
-            let t0 = now();
-            self.feed(prompt)?;
-            self.model.device().sync().map_err(|e| RuntimeError::Readback(format!("{e:?}")))?;
-            stats.prefill_seconds = now() - t0;
-            return Ok((out, stats));
-        }
-        let t0 = now();
-        let token = self.next_token(prompt, &mut sampler).await?;
-        stats.prefill_seconds = now() - t0;
-        out = self.decode_from(token, options, &mut sampler, &mut stats, on_token).await?;
-        Ok((out, stats))
-    }
-
-    /// Decodes after the token `first` (already chosen from the prefill): reports each token to
-    /// `on_token`, stops at a stop token, at `max_new_tokens` or when `on_token` says so, and
-    /// fills the decode fields of `stats`.
-    async fn decode_from(
-        &mut self,
-        first: u32,
-        options: &GenerateOptions,
-        sampler: &mut Sampler,
-        stats: &mut GenerationStats,
-        mut on_token: impl FnMut(u32) -> bool,
-    ) -> Result<Vec<u32>> {
-        let t1 = now();
-        let mut out = Vec::new();
-        let mut token = first;
-        while options.max_new_tokens > 0 {
-            out.push(token);
-            let go_on = on_token(token);
-            if !go_on || options.stop_tokens.contains(&token) || out.len() >= options.max_new_tokens {
-                break;
-            }
-            token = self.next_token(&[token], sampler).await?;
-        }
-        stats.generated_tokens = out.len();
-        stats.decode_steps = out.len().saturating_sub(1);
-        stats.decode_seconds = now() - t1;
-        Ok(out)
-    }
-}
-
-/// Reads a float tensor back to the host.
-pub async fn read_f32<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>> {
-    let data = Transaction::default()
-        .register(t)
-        .execute_async()
-        .await
-        .map_err(|e| RuntimeError::Readback(format!("{e:?}")))?;
-    data[0].try_to_vec::<f32>().map_err(|e| RuntimeError::Readback(format!("{e:?}")))
-}
-
-#[cfg(not(target_family = "wasm"))]
-pub(crate) fn now() -> f64 {
-    use std::sync::OnceLock;
-    static START: OnceLock<std::time::Instant> = OnceLock::new();
-    START.get_or_init(std::time::Instant::now).elapsed().as_secs_f64()
-}
-
-#[cfg(target_family = "wasm")]
-pub(crate) fn now() -> f64 {
-    // Timing in the browser is the page's job; the runtime reports zero durations there.
-    0.0
 }

@@ -5,9 +5,8 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use burn::tensor::Device;
 use js_sys::{Function, Object, Reflect, Uint8Array};
-use kvslice_runtime::{DeviceChoice, DeviceInfo, GraphicsApi, LoadedModel, init_device};
+use kvslice_runtime::{Device, DeviceChoice, DeviceInfo, GraphicsApi, LoadedModel, init_device};
 use wasm_bindgen::prelude::*;
 
 use crate::{KvMemory, Request, kept_mask};
@@ -149,7 +148,7 @@ pub async fn generate(
 #[wasm_bindgen(js_name = runConformance)]
 pub async fn run_conformance() -> Result<String, JsError> {
     let (device, _) = device()?;
-    let results = kvslice_kernels::conformance::run_all(&device).await;
+    let results = kvslice_runtime::conformance::run_all(&device).await;
     let out: Vec<serde_json::Value> = results
         .iter()
         .map(|r| {

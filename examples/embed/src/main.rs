@@ -1,5 +1,7 @@
 //! A desktop application embedding kvslice: open a model on the GPU, stream a greedy answer.
-use kvslice_runtime::{DeviceChoice, GenerateOptions, LoadedModel, Sampler, Session, init_device};
+use std::io::Write;
+
+use kvslice_runtime::{DeviceChoice, GenerateOptions, Generator, LoadedModel, init_device};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -7,9 +9,14 @@ fn main() -> anyhow::Result<()> {
     let (device, _) = pollster::block_on(init_device(DeviceChoice::Wgpu))?;
     let loaded = LoadedModel::open(std::path::Path::new(path), &device)?;
     let ids = loaded.encode_prompt(prompt, true)?;
-    let mut session = Session::new(&loaded.model, ids.len() + 32)?;
-    let options = GenerateOptions { max_new_tokens: 32, sampler: Sampler::greedy(), stop_tokens: loaded.stop_tokens() };
-    let (tokens, stats) = pollster::block_on(session.generate(&ids, &options, |_| true))?;
-    println!("{}\n{stats}", loaded.decode(&tokens)?);
+    let options = GenerateOptions::greedy(32, loaded.stop_tokens());
+    let mut generator =
+        pollster::block_on(Generator::prefill(&loaded.model, &ids, options, None))?.with_tokenizer(&loaded.tokenizer);
+    let mut out = std::io::stdout();
+    while let Some(token) = pollster::block_on(generator.next())? {
+        out.write_all(token.text.as_bytes())?;
+        out.flush()?;
+    }
+    println!("{}\n{}", generator.rest()?, generator.stats());
     Ok(())
 }

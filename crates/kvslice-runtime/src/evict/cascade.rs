@@ -12,13 +12,13 @@ use std::time::Duration;
 use burn::tensor::Tensor;
 use kvslice_cache::{CacheError, CacheGeometry, KvCache, KvStore, LayerKv};
 use kvslice_model::Llama;
-use kvslice_policy::alloc::{Cake, CakeCascade};
+use kvslice_policy::alloc::CakeCascade;
 use kvslice_policy::{LayerInput, Policy, Scores, select_heads};
 
 use super::observe::{StatsRequest, layer_stats};
 use super::{Compression, CompressionReport, DecodeEviction};
 use crate::error::RuntimeError;
-use crate::session::now;
+use crate::host::now;
 
 /// The prefill store of a cascading compression.
 pub(crate) struct CascadeStore<'p> {
@@ -51,7 +51,9 @@ impl<'p> CascadeStore<'p> {
         device: &burn::tensor::Device,
     ) -> crate::Result<Self> {
         let window = policy.needs().window;
-        let cascade = CakeCascade::new(Cake::default(), geometry.layers, len, per_layer, window)
+        let cake =
+            policy.cascade().ok_or_else(|| crate::RuntimeError::Options("the policy does not cascade".into()))?;
+        let cascade = CakeCascade::new(cake, geometry.layers, len, per_layer, window)
             .map_err(|e| crate::RuntimeError::Options(e.to_string()))?;
         let scratch = KvCache::new(CacheGeometry { layers: 1, capacity: len, ..geometry }, device)?;
         Ok(CascadeStore {
@@ -170,7 +172,7 @@ pub(crate) fn prefill(
     model: &Llama,
     prompt: &[u32],
     max_new_tokens: usize,
-) -> crate::Result<(KvCache, DecodeEviction, Tensor<2>, CompressionReport)> {
+) -> crate::Result<(KvCache, Option<DecodeEviction>, Tensor<2>, CompressionReport)> {
     let n = prompt.len();
     let c = &model.config;
     let protect = compression.policy().protect(n);
@@ -196,7 +198,7 @@ pub(crate) fn prefill(
         kept_entries: kept.iter().flatten().map(Vec::len).sum(),
         kept,
         prompt_tokens: n,
-        full_bytes: 2 * c.num_layers * c.num_kv_heads * n * c.head_dim * 4,
+        full_bytes: c.num_layers * c.num_kv_heads * n * cache.entry_bytes(),
         compressed_bytes: cache.storage_bytes(),
         peak_bytes,
         plan_time: Duration::from_secs_f64(spent),

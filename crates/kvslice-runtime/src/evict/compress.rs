@@ -6,12 +6,13 @@ use std::time::Duration;
 use burn::tensor::Tensor;
 use kvslice_cache::KvCache;
 use kvslice_model::Llama;
-use kvslice_policy::{BudgetSpec, KvView, LayerInput, ModelInfo, Plan, Policy, WindowStats};
+use kvslice_policy::{BudgetSpec, KvView, LayerInput, ModelInfo, Plan, Policy, PolicySpec, WindowStats};
 
-use super::decode::{DecodeEviction, DecodeRule};
+use super::decode::DecodeEviction;
 use super::observe::{HostLayerStats, StatsRequest};
 use crate::error::{Result, RuntimeError};
-use crate::session::{now, read_f32};
+use crate::host::{now, read_f32};
+use kvslice_policy::DecodeRule;
 
 /// A policy with a budget, ready to compress a prefilled prompt.
 #[derive(Debug)]
@@ -26,10 +27,18 @@ pub struct Compression {
 impl Compression {
     /// The registered policy `name` with budget `budget` (`128L`, `10%`, `2048`).
     pub fn new(name: &str, budget: &str, model: &ModelInfo) -> Result<Self> {
-        let policy = kvslice_policy::build(name, model).map_err(|e| RuntimeError::Options(e.to_string()))?;
+        let spec: PolicySpec =
+            name.parse().map_err(|e: kvslice_policy::PolicyError| RuntimeError::Options(e.to_string()))?;
+        let name = spec.to_string();
+        let policy = kvslice_policy::build(&name, model).map_err(|e| RuntimeError::Options(e.to_string()))?;
         let spec: BudgetSpec =
             budget.parse().map_err(|e: kvslice_policy::PolicyError| RuntimeError::Options(e.to_string()))?;
-        Ok(Compression { name: name.to_string(), budget_text: budget.to_string(), policy, spec, cascade: true })
+        if let DecodeRule::Recompress { .. } = policy.decode_rule(1) {
+            return Err(RuntimeError::Options(format!(
+                "{name}: decode-time recompression (`every`) is not available yet"
+            )));
+        }
+        Ok(Compression { name, budget_text: budget.to_string(), policy, spec, cascade: true })
     }
 
     /// The same compression done in one shot after the whole prefill, even for CAKE (whose
@@ -59,7 +68,7 @@ impl Compression {
 
     /// Whether the prefill compresses layer by layer (CAKE's cascade; native targets only).
     pub fn cascades(&self) -> bool {
-        cfg!(not(target_family = "wasm")) && self.cascade && self.name == "cake"
+        cfg!(not(target_family = "wasm")) && self.cascade && self.policy.cascade().is_some()
     }
 
     /// What the prefill must record for this policy, for a model of `layers` layers.
@@ -89,24 +98,15 @@ impl Compression {
         match rule {
             DecodeRule::Grow => (new, 0),
             DecodeRule::Indicator { .. } => (asked.saturating_sub(per_layer).min(new), 0),
+            // grows by up to `every` tokens between two compressions
+            DecodeRule::Recompress { every } => ((*every).min(new), 0),
             _ => (0, asked.min(prompt + new).max(1)),
         }
     }
 
-    /// The decode-time rule of this policy at a budget of `per_layer` tokens.
+    /// The decode-time rule the policy declares, at a budget of `per_layer` tokens.
     pub fn decode_rule(&self, per_layer: usize) -> DecodeRule {
-        let protect = self.policy.protect(per_layer);
-        if let Some(t) = self.policy.temporal() {
-            return DecodeRule::Inertia(t);
-        }
-        match (self.name.as_str(), &self.policy) {
-            ("streaming-llm", _) => DecodeRule::Recent { sinks: protect.sinks },
-            ("h2o", _) => DecodeRule::Accumulated { recent: protect.recent },
-            ("tova", _) => DecodeRule::LastQuery,
-            ("cake", _) => DecodeRule::Indicator { window: protect.recent.max(2), gamma: 200.0 },
-            (_, Policy::Ladder(l)) => DecodeRule::Ladder(*l),
-            _ => DecodeRule::Grow,
-        }
+        self.policy.decode_rule(per_layer)
     }
 
     /// Runs the policy on a prefilled prompt: `stats` from [`Observations::read`], `cache` the
@@ -270,18 +270,16 @@ pub async fn compress(
     let cache = compress_cache(full, &plan.kept, extra, min_capacity)?;
     cache_sync(&cache)?;
     let t2 = now();
-    let eviction = match rule {
-        DecodeRule::Grow => None,
-        DecodeRule::Recent { .. } | DecodeRule::Ladder(_) => Some(DecodeEviction::new(rule, &cache, Vec::new())),
-        _ => Some(DecodeEviction::new(rule, &cache, compression.initial_scores(stats, &plan)?)),
-    };
+    let scores =
+        if super::decode::starts_from_scores(&rule) { compression.initial_scores(stats, &plan)? } else { Vec::new() };
+    let eviction = DecodeEviction::new(rule, &cache, scores);
     let g = full.geometry();
     let prompt_tokens = full.max_len();
     let report = CompressionReport {
         kept_entries: plan.kept.iter().flatten().map(Vec::len).sum(),
         kept: plan.kept,
         prompt_tokens,
-        full_bytes: 2 * g.layers * g.kv_heads * prompt_tokens * g.head_dim * 4,
+        full_bytes: g.layers * g.kv_heads * prompt_tokens * full.entry_bytes(),
         compressed_bytes: cache.storage_bytes(),
         peak_bytes: full.storage_bytes() + cache.storage_bytes(),
         plan_time: Duration::from_secs_f64(t1 - t0),
@@ -302,4 +300,3 @@ fn cache_sync(cache: &KvCache) -> Result<()> {
     let _ = cache;
     Ok(())
 }
-

@@ -12,14 +12,15 @@
 //! The other policies evict once, after the prefill, and the cache grows by the generated
 //! tokens.
 
+mod attention;
 #[cfg(not(target_family = "wasm"))]
 pub(crate) mod cascade;
-mod attention;
 mod compress;
 mod decode;
 pub mod observe;
 
 pub use compress::{Compression, CompressionReport, compress, compress_cache, value_proj_l1};
-pub use decode::{DecodeEviction, DecodeRule};
+pub use decode::DecodeEviction;
 pub(crate) use decode::EvictingStore;
+pub use kvslice_policy::DecodeRule;
 pub use observe::{HostLayerStats, Observations, StatsRequest};

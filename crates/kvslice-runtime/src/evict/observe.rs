@@ -15,7 +15,7 @@ use kvslice_policy::scorer::{jacap, twin};
 use kvslice_policy::{Needs, QueryMoments, WindowStats};
 
 use crate::error::Result;
-use crate::session::read_f32;
+use crate::host::read_f32;
 
 /// Score elements per attention chunk (64 Mi f32 = 256 MiB).
 const MAX_CHUNK_ELEMS: usize = 64 << 20;
@@ -276,7 +276,7 @@ impl KvStore for Recorder<'_> {
     }
 
     fn observe_queries(&mut self, layer: usize, rotated: &Tensor<3>, raw: &Tensor<3>) -> kvslice_cache::Result<()> {
-        let t0 = crate::session::now();
+        let t0 = crate::host::now();
         let stored = self.cache.layer(layer)?;
         let [heads, n, _] = rotated.dims();
         self.heads = heads;
@@ -284,7 +284,7 @@ impl KvStore for Recorder<'_> {
         let (keys, values) = stored.view();
         let counter_causal = self.request.counter_causal_layers.contains(&layer);
         self.layers[layer] = compute(rotated, raw, &keys, &values, self.request, counter_causal);
-        self.compute_seconds += crate::session::now() - t0;
+        self.compute_seconds += crate::host::now() - t0;
         Ok(())
     }
 }

@@ -1,0 +1,469 @@
+//! The one generation loop. A [`Generator`] prefills a prompt (compressed or not), then yields
+//! one token at a time with the text it completes; every front end (the CLI, the browser
+//! facade, the evaluation, the benchmarks) drives it, and it drives the session's step
+//! primitive ([`Session::step`]). The context is checked once, before any work.
+
+use kvslice_formats::Tokenizer;
+use kvslice_model::Llama;
+
+use crate::error::{Result, RuntimeError};
+use crate::evict::{Compression, CompressionReport};
+use crate::host::now;
+use crate::sampling::Sampler;
+use crate::session::{Prefilled, Session};
+
+/// Timings and counts of one generation.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct GenerationStats {
+    pub prompt_tokens: usize,
+    pub prefill_seconds: f64,
+    /// Tokens produced (the first comes from the prefill's last position).
+    pub generated_tokens: usize,
+    /// Single-token forward passes run after the prefill.
+    pub decode_steps: usize,
+    pub decode_seconds: f64,
+}
+
+impl GenerationStats {
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill_seconds.max(1e-9)
+    }
+
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        self.decode_steps as f64 / self.decode_seconds.max(1e-9)
+    }
+}
+
+impl std::fmt::Display for GenerationStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "prefill: {} tokens, {:.1} tok/s; decode: {} tokens, {:.1} tok/s",
+            self.prompt_tokens,
+            self.prefill_tokens_per_second(),
+            self.generated_tokens,
+            self.decode_tokens_per_second()
+        )
+    }
+}
+
+/// What a [`Generator`] produces: how many tokens, drawn how, stopping where.
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    pub sampler: Sampler,
+    /// Generation stops after any of these tokens (which is still reported).
+    pub stop_tokens: Vec<u32>,
+}
+
+impl GenerateOptions {
+    /// Greedy decoding of up to `max_new_tokens`, stopping after any of `stop_tokens`.
+    pub fn greedy(max_new_tokens: usize, stop_tokens: Vec<u32>) -> Self {
+        GenerateOptions { max_new_tokens, sampler: Sampler::greedy(), stop_tokens }
+    }
+}
+
+/// One generated token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token {
+    pub id: u32,
+    /// 0 for the token chosen after the prompt.
+    pub index: usize,
+    /// The text this token completes, in whole characters (empty while a UTF-8 sequence is
+    /// incomplete, for stop tokens, and without a tokenizer).
+    pub text: String,
+    /// One of the stop tokens: the generation ends with it.
+    pub stop: bool,
+}
+
+/// Text of a growing token list, released in whole characters: a token may end inside a UTF-8
+/// sequence, which decodes to U+FFFD until the next token completes it.
+#[derive(Debug, Default, Clone)]
+pub struct TextStream {
+    tokens: Vec<u32>,
+    printed: String,
+}
+
+impl TextStream {
+    /// Adds `token` and returns the new text it completes (possibly empty).
+    pub fn push(&mut self, tokenizer: &Tokenizer, token: u32) -> Result<String> {
+        self.tokens.push(token);
+        let text = tokenizer.decode(&self.tokens, true)?;
+        if !text.ends_with('\u{FFFD}') && text.starts_with(self.printed.as_str()) {
+            let new = text[self.printed.len()..].to_string();
+            self.printed = text;
+            return Ok(new);
+        }
+        Ok(String::new())
+    }
+
+    /// What the tokens decode to that was not released yet (an incomplete sequence at the end
+    /// of a generation, as replacement characters).
+    pub fn rest(&self, tokenizer: &Tokenizer) -> Result<String> {
+        let text = tokenizer.decode(&self.tokens, true)?;
+        Ok(text.strip_prefix(self.printed.as_str()).map(str::to_string).unwrap_or_default())
+    }
+}
+
+/// A generation in progress: the session, the sampler, the tokens so far.
+pub struct Generator<'m> {
+    session: Session<'m>,
+    sampler: Sampler,
+    options: GenerateOptions,
+    tokenizer: Option<&'m Tokenizer>,
+    stream: TextStream,
+    /// The token chosen by the last step and not yet reported.
+    chosen: Option<u32>,
+    tokens: Vec<u32>,
+    done: bool,
+    stats: GenerationStats,
+    report: Option<CompressionReport>,
+}
+
+impl<'m> Generator<'m> {
+    /// Prefills `prompt` into a new session — compressed by `compression` (with CAKE's
+    /// layer-by-layer cascade where the policy cascades, natively), or the full cache — and
+    /// chooses the first token. The prompt and the new tokens must fit the context: refused
+    /// before any work otherwise.
+    pub async fn prefill(
+        model: &'m Llama,
+        prompt: &[u32],
+        options: GenerateOptions,
+        compression: Option<&Compression>,
+    ) -> Result<Self> {
+        if prompt.is_empty() {
+            return Err(RuntimeError::Options("empty prompt".into()));
+        }
+        let new = options.max_new_tokens;
+        let room = prompt.len().saturating_add(new).min(model.config.max_position_embeddings);
+        let session = Session::new(model, if compression.is_some() { 1 } else { room })?;
+        session.check_context(prompt.len(), new)?;
+        let mut sampler = options.sampler.clone();
+        let t0 = now();
+        let (session, token, report) = match compression {
+            None => {
+                let mut session = session;
+                let token = session.step(prompt, &mut sampler).await?;
+                (session, token, None)
+            }
+            Some(c) => {
+                drop(session);
+                let (session, token, report) = compressed_prefill(model, prompt, c, new, &mut sampler).await?;
+                (session, token, Some(report))
+            }
+        };
+        let stats = GenerationStats { prompt_tokens: prompt.len(), prefill_seconds: now() - t0, ..Default::default() };
+        Ok(Self::started(session, sampler, options, token, stats, report))
+    }
+
+    /// Continues after a prompt prefilled once ([`Session::prefill_for`]), over its cache
+    /// compressed by `compression` (a copy of the full cache when `None`): the evaluation's
+    /// "prefill once, compress many ways". Greedy: the first token is the prefill's.
+    pub async fn resume(
+        model: &'m Llama,
+        prefilled: &Prefilled,
+        compression: Option<&Compression>,
+        options: GenerateOptions,
+    ) -> Result<Self> {
+        if !options.sampler.is_greedy() {
+            return Err(RuntimeError::Options("a resumed prefill continues greedily".into()));
+        }
+        let t0 = now();
+        let (session, report) = Session::resume(model, prefilled, compression, options.max_new_tokens).await?;
+        session.check_context(0, options.max_new_tokens)?;
+        let stats = GenerationStats {
+            prompt_tokens: prefilled.prompt_tokens,
+            prefill_seconds: prefilled.prefill_seconds + (now() - t0),
+            ..Default::default()
+        };
+        let sampler = options.sampler.clone();
+        Ok(Self::started(session, sampler, options, prefilled.first_token, stats, report))
+    }
+
+    /// Feeds `tokens` into an existing session (the next turn of a conversation over the cache
+    /// it kept, compressed or not) and chooses the first token after them.
+    pub async fn extend(mut session: Session<'m>, tokens: &[u32], options: GenerateOptions) -> Result<Self> {
+        if tokens.is_empty() {
+            return Err(RuntimeError::Options("nothing to feed".into()));
+        }
+        session.check_context(tokens.len(), options.max_new_tokens)?;
+        let mut sampler = options.sampler.clone();
+        let t0 = now();
+        let token = session.step(tokens, &mut sampler).await?;
+        let stats = GenerationStats { prompt_tokens: tokens.len(), prefill_seconds: now() - t0, ..Default::default() };
+        Ok(Self::started(session, sampler, options, token, stats, None))
+    }
+
+    fn started(
+        session: Session<'m>,
+        sampler: Sampler,
+        options: GenerateOptions,
+        first: u32,
+        stats: GenerationStats,
+        report: Option<CompressionReport>,
+    ) -> Self {
+        let done = options.max_new_tokens == 0;
+        Generator {
+            session,
+            sampler,
+            options,
+            tokenizer: None,
+            stream: TextStream::default(),
+            chosen: Some(first),
+            tokens: Vec::new(),
+            done,
+            stats,
+            report,
+        }
+    }
+
+    /// Reports each token's text too ([`Token::text`]).
+    pub fn with_tokenizer(mut self, tokenizer: &'m Tokenizer) -> Self {
+        self.tokenizer = Some(tokenizer);
+        self
+    }
+
+    /// The next token, or `None` once a stop token or `max_new_tokens` ended the generation.
+    /// The token before it is fed only now, so a caller that stops early pays for no step it
+    /// does not use.
+    pub async fn next(&mut self) -> Result<Option<Token>> {
+        if self.done {
+            return Ok(None);
+        }
+        let id = match self.chosen.take() {
+            Some(id) => id,
+            None => {
+                let last = *self.tokens.last().ok_or_else(|| RuntimeError::Options("no token to continue".into()))?;
+                let t0 = now();
+                let id = self.session.step(&[last], &mut self.sampler).await?;
+                self.stats.decode_seconds += now() - t0;
+                self.stats.decode_steps += 1;
+                id
+            }
+        };
+        let index = self.tokens.len();
+        self.tokens.push(id);
+        self.stats.generated_tokens = self.tokens.len();
+        let stop = self.options.stop_tokens.contains(&id);
+        let text = match (stop, self.tokenizer) {
+            (false, Some(t)) => self.stream.push(t, id)?,
+            _ => String::new(),
+        };
+        self.done = stop || self.tokens.len() >= self.options.max_new_tokens;
+        Ok(Some(Token { id, index, text, stop }))
+    }
+
+    /// Runs to the end; returns every token (stop token included).
+    pub async fn run(&mut self) -> Result<&[u32]> {
+        while self.next().await?.is_some() {}
+        Ok(&self.tokens)
+    }
+
+    /// Ends the generation early: [`Generator::next`] returns `None` from now on.
+    pub fn stop(&mut self) {
+        self.done = true;
+    }
+
+    /// The tokens so far, stop token included.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The tokens so far without stop tokens.
+    pub fn output(&self) -> Vec<u32> {
+        self.tokens.iter().copied().filter(|t| !self.options.stop_tokens.contains(t)).collect()
+    }
+
+    /// Text not released by [`Token::text`] yet (an incomplete UTF-8 sequence at the end).
+    pub fn rest(&self) -> Result<String> {
+        match self.tokenizer {
+            Some(t) => self.stream.rest(t),
+            None => Ok(String::new()),
+        }
+    }
+
+    pub fn stats(&self) -> &GenerationStats {
+        &self.stats
+    }
+
+    /// What the compression after the prefill did, when there was one.
+    pub fn report(&self) -> Option<&CompressionReport> {
+        self.report.as_ref()
+    }
+
+    pub fn session(&self) -> &Session<'m> {
+        &self.session
+    }
+
+    /// The session, for more decoding or the next turn ([`Generator::extend`]). Its cache holds
+    /// every reported token but the last, which is not fed yet.
+    pub fn into_session(self) -> Session<'m> {
+        self.session
+    }
+}
+
+/// Prefill with the statistics `compression` needs, compression, and the first token.
+async fn compressed_prefill<'m>(
+    model: &'m Llama,
+    prompt: &[u32],
+    compression: &Compression,
+    max_new_tokens: usize,
+    sampler: &mut Sampler,
+) -> Result<(Session<'m>, u32, CompressionReport)> {
+    #[cfg(not(target_family = "wasm"))]
+    if compression.cascades() {
+        let (cache, eviction, hidden, report) =
+            crate::evict::cascade::prefill(compression, model, prompt, max_new_tokens)?;
+        let session = Session::with_eviction(model, cache, prompt.len() as u32, eviction);
+        let token = session.sample_last(hidden, sampler).await?;
+        return Ok((session, token, report));
+    }
+    let request = compression.request(model.config.num_layers);
+    let prefilled = Session::prefill_sampled(model, prompt, &request, sampler).await?;
+    let (session, report) = Session::resume(model, &prefilled, Some(compression), max_new_tokens).await?;
+    Ok((session, prefilled.first_token, report.unwrap_or_default()))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The loop against recomputation: every greedy token must be the argmax of the logits of
+    //! the whole sequence so far fed to a fresh session (no cache reuse), on the tiny seeded
+    //! model of `tests/golden/tiny/llama`.
+    use std::path::PathBuf;
+
+    use burn::tensor::Device;
+    use kvslice_formats::{HfTokenizerFiles, ModelConfig, SafetensorsWeights};
+
+    use super::*;
+
+    fn golden() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden")
+    }
+
+    fn tiny() -> Llama {
+        let dir = golden().join("tiny/llama");
+        let config = ModelConfig::from_hf_json(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+        let shard = ("model.safetensors".to_string(), std::fs::read(dir.join("model.safetensors")).unwrap());
+        let weights = SafetensorsWeights::new(config, vec![shard]).unwrap();
+        kvslice_model::load::load_llama(&weights, &Device::flex()).unwrap()
+    }
+
+    fn prompt(n: usize) -> Vec<u32> {
+        (0..n as u32).map(|i| 3 + (i * 37 + 11) % 250).collect()
+    }
+
+    /// The greedy token after `sequence`, from its full recomputation.
+    fn recomputed(model: &Llama, sequence: &[u32]) -> u32 {
+        let mut session = Session::new(model, sequence.len()).unwrap();
+        let logits = pollster::block_on(session.next_logits(sequence)).unwrap();
+        let best = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        logits.iter().position(|&x| x == best).unwrap() as u32
+    }
+
+    fn generator<'m>(model: &'m Llama, ids: &[u32], new: usize, stop: Vec<u32>) -> Result<Generator<'m>> {
+        pollster::block_on(Generator::prefill(model, ids, GenerateOptions::greedy(new, stop), None))
+    }
+
+    #[test]
+    fn greedy_tokens_match_recomputing_the_whole_sequence() {
+        let model = tiny();
+        let ids = prompt(20);
+        let mut g = generator(&model, &ids, 6, Vec::new()).unwrap();
+        let mut sequence = ids.clone();
+        let mut count = 0;
+        while let Some(token) = pollster::block_on(g.next()).unwrap() {
+            assert_eq!(token.id, recomputed(&model, &sequence), "token {}", token.index);
+            assert_eq!(token.index, count);
+            assert!(!token.stop);
+            assert!(token.text.is_empty(), "no tokenizer, no text");
+            sequence.push(token.id);
+            count += 1;
+        }
+        assert_eq!(count, 6);
+        let stats = g.stats();
+        assert_eq!((stats.prompt_tokens, stats.generated_tokens, stats.decode_steps), (20, 6, 5));
+        // the last token is reported, not fed: the cache holds the prompt and five tokens
+        assert_eq!(g.session().position(), 25);
+        assert!(pollster::block_on(g.next()).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_stop_token_ends_the_generation_and_is_reported() {
+        let model = tiny();
+        let ids = prompt(12);
+        let all =
+            pollster::block_on(async { generator(&model, &ids, 5, Vec::new())?.run().await.map(<[u32]>::to_vec) })
+                .unwrap();
+        let stop = all[2];
+        let first = all.iter().position(|&t| t == stop).unwrap();
+        let mut g = generator(&model, &ids, 5, vec![stop]).unwrap();
+        let mut last = None;
+        while let Some(t) = pollster::block_on(g.next()).unwrap() {
+            last = Some(t);
+        }
+        let last = last.unwrap();
+        assert!(last.stop);
+        assert_eq!(last.index, first);
+        assert_eq!(g.tokens(), &all[..=first]);
+        assert_eq!(g.output(), &all[..first]);
+    }
+
+    #[test]
+    fn the_context_is_checked_before_any_work() {
+        let model = tiny();
+        // 500 + 20 new > 512 (the last new token is never fed: 500 + 13 = 513 does not fit)
+        for new in [20, 14, usize::MAX] {
+            match generator(&model, &prompt(500), new, Vec::new()) {
+                Err(RuntimeError::ContextOverflow { context: 512, .. }) => {}
+                other => panic!("{new} new tokens: {:?}", other.err()),
+            }
+        }
+        assert!(generator(&model, &prompt(500), 13, Vec::new()).is_ok());
+        assert!(matches!(generator(&model, &[], 4, Vec::new()), Err(RuntimeError::Options(_))));
+        // nothing asked: the prompt is prefilled, no token reported
+        let mut g = generator(&model, &prompt(8), 0, Vec::new()).unwrap();
+        assert!(pollster::block_on(g.next()).unwrap().is_none());
+        assert_eq!(g.session().position(), 8);
+    }
+
+    #[test]
+    fn a_conversation_continues_over_the_kept_cache() {
+        let model = tiny();
+        let ids = prompt(16);
+        let mut first = generator(&model, &ids, 3, Vec::new()).unwrap();
+        let said = pollster::block_on(first.run()).unwrap().to_vec();
+        let session = first.into_session();
+        // the next turn: the last reply token (not fed yet) and the user's new tokens
+        let turn = [said[2], 40, 41, 42];
+        let mut next =
+            pollster::block_on(Generator::extend(session, &turn, GenerateOptions::greedy(2, Vec::new()))).unwrap();
+        let mut sequence: Vec<u32> = ids.iter().chain(&said).chain(&turn[1..]).copied().collect();
+        while let Some(t) = pollster::block_on(next.next()).unwrap() {
+            assert_eq!(t.id, recomputed(&model, &sequence));
+            sequence.push(t.id);
+        }
+        assert_eq!(next.tokens().len(), 2);
+        let overflow = Generator::extend(next.into_session(), &[1; 600], GenerateOptions::greedy(1, Vec::new()));
+        assert!(matches!(pollster::block_on(overflow), Err(RuntimeError::ContextOverflow { .. })));
+    }
+
+    #[test]
+    fn text_is_released_in_whole_characters() {
+        let json = std::fs::read(golden().join("tokenizer/tiny/tokenizer.json")).unwrap();
+        let tokenizer = Tokenizer::from_hf(HfTokenizerFiles {
+            tokenizer_json: &json,
+            tokenizer_config_json: None,
+            chat_template_jinja: None,
+        })
+        .unwrap();
+        // byte-level vocabulary: "a" = 81, byte 0xC3 ("Ã") = 144, byte 0xA9 ("©") = 119; "é" is
+        // 0xC3 0xA9
+        let mut s = TextStream::default();
+        assert_eq!(s.push(&tokenizer, 81).unwrap(), "a");
+        assert_eq!(s.push(&tokenizer, 144).unwrap(), "");
+        assert_eq!(s.rest(&tokenizer).unwrap(), "\u{FFFD}");
+        assert_eq!(s.push(&tokenizer, 119).unwrap(), "é");
+        assert_eq!(s.rest(&tokenizer).unwrap(), "");
+        assert_eq!(s.push(&tokenizer, 81).unwrap(), "a");
+    }
+}
