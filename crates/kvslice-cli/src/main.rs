@@ -41,7 +41,8 @@ pub(crate) struct ModelArgs {
 
 #[derive(clap::Args, Clone)]
 struct EvictionArgs {
-    /// Eviction policy (`kvslice policies` lists them); default: keep the whole cache.
+    /// Eviction policy with its options, `NAME[:KEY=VALUE,...]` (`kvslice policies -v` lists
+    /// them, e.g. `snapkv:window=32,kernel=7`, `cake:gamma=200`); default: keep the whole cache.
     #[arg(long, requires = "budget")]
     policy: Option<String>,
     /// KV budget: `10%` of the prompt, `128L` tokens per layer on average, `2048` flat.
@@ -63,7 +64,8 @@ enum Command {
         #[arg(long)]
         corpus: bool,
     },
-    /// List the eviction policies, one line each with its paper.
+    /// List the eviction policies, one line each with its paper; with `-v`, each policy's
+    /// options (`--policy NAME:KEY=VALUE,...`), defaults and ranges.
     Policies,
     /// Write generated retrieval cases (JSON Lines) for `kvslice eval`.
     Cases(cases::CasesArgs),
@@ -122,7 +124,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Policies => {
-            print!("{}", policies::listing());
+            print!("{}", if cli.verbose { policies::listing_verbose() } else { policies::listing() });
             Ok(())
         }
         Command::Cases(args) => cases::run(args),

@@ -35,5 +35,8 @@ pub use session::{Prefilled, Session};
 
 /// The eviction policies: the registry the CLI lists and the options each declares.
 pub mod policies {
-    pub use kvslice_policy::{BudgetSpec, Entry, ModelInfo, Policy, listing, lookup, registry};
+    pub use kvslice_policy::{
+        BudgetSpec, DecodeRule, DecodeSpec, Entry, ModelInfo, OptionKind, OptionSpec, Policy, PolicySpec, build_spec,
+        listing, listing_verbose, lookup, registry,
+    };
 }
