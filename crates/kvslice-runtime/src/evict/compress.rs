@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use burn::tensor::Tensor;
-use kvslice_cache::KvCache;
+use kvslice_cache::{KvCache, KvStore, LayerKv};
 use kvslice_model::Llama;
 use kvslice_policy::{BudgetSpec, KvView, LayerInput, ModelInfo, Plan, Policy, WindowStats};
 
