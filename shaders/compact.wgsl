@@ -16,9 +16,19 @@
 // tensors from shared wgpu buffers, and wgpu refuses one buffer bound read-only and read-write
 // in the same dispatch.
 
-// [0] kv_heads, [1] capacity, [2] head_dim, [3] row stride of kept, [4] rows per chunk,
-// [5..8] unused, then per head h: [8 + h] count_h.
-@group(0) @binding(0) var<storage, read_write> prm: array<u32>;
+struct Params {
+    kv_heads: u32,
+    // slots per KV head
+    cap: u32,
+    head_dim: u32,
+    // row stride of kept
+    kept_stride: u32,
+    rows_per_chunk: u32,
+    // per head h: count_h, the slots it keeps
+    counts: array<u32>,
+}
+
+@group(0) @binding(0) var<storage, read_write> prm: Params;
 // [kv_heads, capacity, head_dim]
 @group(0) @binding(1) var<storage, read_write> kc: array<u32>;
 // [kv_heads, capacity, head_dim]
@@ -40,13 +50,13 @@ fn {{ entry_compact }}(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    _ = arrayLength(&kept);
+    _ = touch_bindings();
     let h = wid.x;
-    let cap = prm[1];
-    let d = prm[2];
-    let kstride = prm[3];
+    let cap = prm.cap;
+    let d = prm.head_dim;
+    let kstride = prm.kept_stride;
     if lid == 0u {
-        chunking_shared = vec2<u32>(prm[4], prm[8u + h]);
+        chunking_shared = vec2<u32>(prm.rows_per_chunk, prm.counts[h]);
     }
     let chunking = workgroupUniformLoad(&chunking_shared);
     let rows = chunking.x;

@@ -15,9 +15,25 @@
 // tensors from shared wgpu buffers, and wgpu refuses one buffer bound read-only and read-write
 // in the same dispatch.
 
-// [0] heads, [1] kv_heads, [2] capacity, [3] head_dim, [4] scale (f32 bits), [5] partitions,
-// [6] keys per partition, [7] flags (bit 0: weights asked), then per KV head kh: [8 + kh] len_kh.
-@group(0) @binding(0) var<storage, read_write> prm: array<u32>;
+struct Params {
+    heads: u32,
+    kv_heads: u32,
+    // slots per KV head
+    cap: u32,
+    head_dim: u32,
+    // 1/√head_dim
+    scale: f32,
+    // key partitions per head
+    parts: u32,
+    // keys per partition
+    part_len: u32,
+    // bit 0: weights asked
+    flags: u32,
+    // per KV head kh: its valid slots len_kh
+    lens: array<u32>,
+}
+
+@group(0) @binding(0) var<storage, read_write> prm: Params;
 // [heads, head_dim]
 @group(0) @binding(1) var<storage, read_write> q: array<f32>;
 // [kv_heads, capacity, head_dim]
@@ -38,28 +54,21 @@ const WG: u32 = {{ wg }}u;
 const DMAX: u32 = {{ d_max }}u;
 const DPT: u32 = DMAX / WG;
 
-fn touch_bindings() -> u32 {
-    return arrayLength(&q) + arrayLength(&k) + arrayLength(&v) + arrayLength(&part)
-        + arrayLength(&scratch) + arrayLength(&out) + arrayLength(&acc_score);
-}
-
-fn heads() -> u32 { return prm[0]; }
-fn kv_heads() -> u32 { return prm[1]; }
-fn cap() -> u32 { return prm[2]; }
-fn head_dim() -> u32 { return prm[3]; }
-fn scale() -> f32 { return bitcast<f32>(prm[4]); }
-fn parts() -> u32 { return prm[5]; }
-fn part_len() -> u32 { return prm[6]; }
-fn want_weights() -> bool { return (prm[7] & 1u) != 0u; }
-fn kv_len(kh: u32) -> u32 { return prm[8u + kh]; }
+fn heads() -> u32 { return prm.heads; }
+fn kv_heads() -> u32 { return prm.kv_heads; }
+fn cap() -> u32 { return prm.cap; }
+fn head_dim() -> u32 { return prm.head_dim; }
+fn scale() -> f32 { return prm.scale; }
+fn parts() -> u32 { return prm.parts; }
+fn part_len() -> u32 { return prm.part_len; }
+fn want_weights() -> bool { return (prm.flags & 1u) != 0u; }
+fn kv_len(kh: u32) -> u32 { return prm.lens[kh]; }
 
 // The partition bounds control loops that hold barriers; reading them through workgroup memory
 // lets WebGPU's uniformity analysis (Tint) see them as uniform.
 var<workgroup> bounds_shared: vec2<u32>;
 
 var<workgroup> q_row: array<f32, DMAX>;
-var<workgroup> s_tile: array<f32, WG>;
-var<workgroup> p_tile: array<f32, WG>;
 
 @compute @workgroup_size(WG)
 fn {{ entry_part }}(
@@ -115,16 +124,9 @@ fn {{ entry_part }}(
         workgroupBarrier();
 
         let cnt = min(WG, end - t0);
-        var tmax = s_tile[0];
-        for (var t = 1u; t < cnt; t++) {
-            tmax = max(tmax, s_tile[t]);
-        }
-        var m_new = tmax;
-        var alpha = 0.0;
-        if t0 > start {
-            m_new = max(m, tmax);
-            alpha = exp(m - m_new);
-        }
+        let step = online_max(m, tile_max(cnt), t0 == start);
+        let m_new = step.x;
+        let alpha = step.y;
         var pj = 0.0;
         if valid {
             pj = exp(s - m_new);
@@ -132,11 +134,7 @@ fn {{ entry_part }}(
         p_tile[lid] = pj;
         workgroupBarrier();
 
-        var tl = 0.0;
-        for (var t = 0u; t < cnt; t++) {
-            tl += p_tile[t];
-        }
-        l = l * alpha + tl;
+        l = l * alpha + tile_sum(cnt);
         m = m_new;
         for (var r = 0u; r < DPT; r++) {
             let c = lid + r * WG;

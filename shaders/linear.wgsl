@@ -18,9 +18,19 @@
 
 alias V = {{ vtype }};
 
-// [0] n (rows of x), [1] d_in, [2] column units (d_out, or d_out / 4 for vec4), [3] flags
-// (bit 0: bias given), [4] workgroups along y (row blocks = wid.z * [4] + wid.y).
-@group(0) @binding(0) var<storage, read_write> prm: array<u32>;
+struct Params {
+    // rows of x
+    n: u32,
+    d_in: u32,
+    // column units: d_out, or d_out / 4 for vec4
+    cols: u32,
+    // bit 0: bias given
+    flags: u32,
+    // workgroups along y (row block = wid.z * groups_y + wid.y)
+    groups_y: u32,
+}
+
+@group(0) @binding(0) var<storage, read_write> prm: Params;
 // [n, d_in]
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
 // [d_in, d_out]
@@ -32,15 +42,11 @@ alias V = {{ vtype }};
 
 const WG: u32 = {{ wg }}u;
 
-fn touch_bindings() -> u32 {
-    return arrayLength(&x) + arrayLength(&w) + arrayLength(&bias) + arrayLength(&y);
-}
-
-fn rows() -> u32 { return prm[0]; }
-fn d_in() -> u32 { return prm[1]; }
-fn cols() -> u32 { return prm[2]; }
-fn has_bias() -> bool { return (prm[3] & 1u) != 0u; }
-fn groups_y() -> u32 { return prm[4]; }
+fn rows() -> u32 { return prm.n; }
+fn d_in() -> u32 { return prm.d_in; }
+fn cols() -> u32 { return prm.cols; }
+fn has_bias() -> bool { return (prm.flags & 1u) != 0u; }
+fn groups_y() -> u32 { return prm.groups_y; }
 
 fn bias_at(col: u32) -> V {
     if has_bias() {

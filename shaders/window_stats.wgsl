@@ -4,9 +4,9 @@
 // Rust wrapper and semantics: crates/kvslice-kernels/src/stats.rs. Three entry points share
 // one binding set (each touches every binding so that the automatic pipeline layout matches):
 //   rows  — per query row (h, i): running max and softmax denominator (online softmax over key
-//           tiles) and, on request, the normalised output direction o/‖o‖.
+//           tiles) and, on request, the output's norm ‖o‖ and direction o/‖o‖.
 //   cols  — per key column (h, j): mean, unbiased variance, last-query weight, value-norm term,
-//           projection term and entropy contribution over the window queries.
+//           projection term, Jacobian term and entropy contribution over the window queries.
 //   heads — per head: mean row entropy over the prefix keys and summed prefix column variance.
 //
 // Template values: {{ wg_rows }}, {{ wg_cols }}, {{ wg_heads }} workgroup sizes,
@@ -19,7 +19,8 @@ struct Params {
     n: u32,
     d: u32,
     scale: f32,
-    // bit 0: projection requested (rows computes o/‖o‖, cols reads it)
+    // bit 0: projection requested, bit 1: Jacobian term requested (either way rows computes
+    // ‖o‖ and o/‖o‖, cols reads them)
     flags: u32,
     // slots per KV head in k and v (row stride); keys 0..n are used
     cap: u32,
@@ -36,11 +37,12 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> k: array<f32>;
 // [kv_heads, cap, d] values
 @group(0) @binding(3) var<storage, read_write> v: array<f32>;
-// [heads, w, 2]: row max (scaled scores) and softmax denominator
+// [heads, w, 4]: row max (scaled scores), softmax denominator, ‖o‖ (output only), unused
 @group(0) @binding(4) var<storage, read_write> rows: array<f32>;
 // [heads, w, d]: o/‖o‖ per window query (projection only)
 @group(0) @binding(5) var<storage, read_write> ohat: array<f32>;
-// [6, heads, n]: mean, variance, last, value-norm term, projection term, entropy term
+// [7, heads, n]: mean, variance, last, value-norm term, projection term, entropy term,
+// Jacobian term
 @group(0) @binding(6) var<storage, read_write> cols: array<f32>;
 // [heads, 2]: mean prefix row entropy, summed prefix column variance
 @group(0) @binding(7) var<storage, read_write> head: array<f32>;
@@ -52,12 +54,6 @@ const QT: u32 = {{ q_tile }}u;
 const DMAX: u32 = {{ d_max }}u;
 const DPT: u32 = DMAX / WG_ROWS;
 const ENTROPY_EPS: f32 = 1e-10;
-
-// Keeps every binding in the automatic layout of each entry point.
-fn touch_bindings() -> u32 {
-    return arrayLength(&q) + arrayLength(&k) + arrayLength(&v) + arrayLength(&rows)
-        + arrayLength(&ohat) + arrayLength(&cols) + arrayLength(&head);
-}
 
 // Parameters read through workgroup memory so that the uniformity analysis of WebGPU
 // implementations (Tint) sees them as uniform: loops holding barriers depend on them.
@@ -74,14 +70,21 @@ fn want_projection(prm: Params) -> bool {
     return (prm.flags & 1u) != 0u;
 }
 
+fn want_jacobian(prm: Params) -> bool {
+    return (prm.flags & 2u) != 0u;
+}
+
+// The window queries' outputs o_i are needed (their norm and direction).
+fn want_output(prm: Params) -> bool {
+    return (prm.flags & 3u) != 0u;
+}
+
 // Absolute position of window query i; it sees keys 0..=pos.
 fn query_pos(prm: Params, i: u32) -> i32 {
     return i32(prm.n) - i32(prm.w) + i32(i);
 }
 
 var<workgroup> q_row: array<f32, DMAX>;
-var<workgroup> s_tile: array<f32, WG_ROWS>;
-var<workgroup> p_tile: array<f32, WG_ROWS>;
 
 @compute @workgroup_size(WG_ROWS)
 fn {{ entry_rows }}(
@@ -131,16 +134,9 @@ fn {{ entry_rows }}(
         workgroupBarrier();
 
         let cnt = min(WG_ROWS, n_vis - t0);
-        var tmax = s_tile[0];
-        for (var t = 1u; t < cnt; t++) {
-            tmax = max(tmax, s_tile[t]);
-        }
-        var m_new = tmax;
-        var alpha = 0.0;
-        if t0 > 0u {
-            m_new = max(m, tmax);
-            alpha = exp(m - m_new);
-        }
+        let step = online_max(m, tile_max(cnt), t0 == 0u);
+        let m_new = step.x;
+        let alpha = step.y;
         var p = 0.0;
         if valid {
             p = exp(s - m_new);
@@ -148,14 +144,10 @@ fn {{ entry_rows }}(
         p_tile[lid] = p;
         workgroupBarrier();
 
-        var tl = 0.0;
-        for (var t = 0u; t < cnt; t++) {
-            tl += p_tile[t];
-        }
-        l = l * alpha + tl;
+        l = l * alpha + tile_sum(cnt);
         m = m_new;
 
-        if want_projection(prm) {
+        if want_output(prm) {
             for (var r = 0u; r < DPT; r++) {
                 let c = lid + r * WG_ROWS;
                 if c < d {
@@ -170,13 +162,13 @@ fn {{ entry_rows }}(
         workgroupBarrier();
     }
 
-    let rbase = (h * w + i) * 2u;
+    let rbase = (h * w + i) * 4u;
     if lid == 0u {
         rows[rbase] = m;
         rows[rbase + 1u] = l;
     }
 
-    if want_projection(prm) {
+    if want_output(prm) {
         // ‖o‖ over the head dimension, reduced through the score tile.
         var part = 0.0;
         for (var r = 0u; r < DPT; r++) {
@@ -196,6 +188,9 @@ fn {{ entry_rows }}(
         if total > 0.0 {
             inv = 1.0 / (sqrt(total) * l);
         }
+        if lid == 0u {
+            rows[rbase + 2u] = sqrt(total);
+        }
         for (var r = 0u; r < DPT; r++) {
             let c = lid + r * WG_ROWS;
             if c < d {
@@ -209,6 +204,7 @@ var<workgroup> q_tile_sh: array<f32, QT * DMAX>;
 var<workgroup> o_tile_sh: array<f32, QT * DMAX>;
 var<workgroup> m_tile_sh: array<f32, QT>;
 var<workgroup> l_tile_sh: array<f32, QT>;
+var<workgroup> n_tile_sh: array<f32, QT>;
 
 @compute @workgroup_size(WG_COLS)
 fn {{ entry_cols }}(
@@ -226,7 +222,8 @@ fn {{ entry_cols }}(
     let in_range = j < n;
     let jc = min(j, n - 1u);
     let krow = (kvh * prm.cap + jc) * d;
-    let proj = want_projection(prm);
+    let proj = want_output(prm);
+    let jac = want_jacobian(prm);
 
     // ‖v_j‖²
     var vn = 0.0;
@@ -244,6 +241,7 @@ fn {{ entry_cols }}(
     var last = 0.0;
     var proj_sum = 0.0;
     var ent_sum = 0.0;
+    var jac_sum = 0.0;
 
     for (var i0 = 0u; i0 < w; i0 += QT) {
         for (var e = lid; e < QT * DMAX; e += WG_COLS) {
@@ -265,21 +263,28 @@ fn {{ entry_cols }}(
             let i = i0 + lid;
             var rm = 0.0;
             var rl = 0.0;
+            var rn = 0.0;
             if i < w {
-                rm = rows[(h * w + i) * 2u];
-                rl = rows[(h * w + i) * 2u + 1u];
+                rm = rows[(h * w + i) * 4u];
+                rl = rows[(h * w + i) * 4u + 1u];
+                if proj {
+                    rn = rows[(h * w + i) * 4u + 2u];
+                }
             }
             m_tile_sh[lid] = rm;
             l_tile_sh[lid] = rl;
+            n_tile_sh[lid] = rn;
         }
         workgroupBarrier();
 
         if in_range {
             var sc: array<f32, QT>;
             var pc: array<f32, QT>;
+            var dc: array<f32, QT>;
             for (var t = 0u; t < QT; t++) {
                 sc[t] = 0.0;
                 pc[t] = 0.0;
+                dc[t] = 0.0;
             }
             for (var c = 0u; c < d; c++) {
                 let kc = k[krow + c];
@@ -290,6 +295,13 @@ fn {{ entry_cols }}(
                     let vc = v[krow + c];
                     for (var t = 0u; t < QT; t++) {
                         pc[t] += o_tile_sh[t * DMAX + c] * vc;
+                    }
+                    if jac {
+                        // ‖v_j − o_i‖² summed directly (no cancellation), o_i = ‖o_i‖ · ô_i
+                        for (var t = 0u; t < QT; t++) {
+                            let diff = vc - o_tile_sh[t * DMAX + c] * n_tile_sh[t];
+                            dc[t] += diff * diff;
+                        }
                     }
                 }
             }
@@ -309,6 +321,9 @@ fn {{ entry_cols }}(
                     }
                     proj_sum += a * pc[t];
                     ent_sum -= a * log(a + ENTROPY_EPS);
+                    if jac {
+                        jac_sum += a * sqrt(dc[t]);
+                    }
                 }
             }
         }
@@ -328,6 +343,7 @@ fn {{ entry_cols }}(
         cols[3u * plane + idx] = mean * sqrt(vn);
         cols[4u * plane + idx] = proj_sum / f32(w);
         cols[5u * plane + idx] = ent_sum;
+        cols[6u * plane + idx] = jac_sum / f32(w);
     }
 }
 

@@ -37,6 +37,13 @@ pub enum CacheError {
     Kernel(String),
 }
 
+/// Prints `message` to stderr the first time `once` is passed.
+fn warn_once(once: &std::sync::Once, message: &str) {
+    once.call_once(|| eprintln!("kvslice: {message}"));
+}
+
+static ROW_WRITE_FALLBACK: std::sync::Once = std::sync::Once::new();
+
 /// Result alias of this crate.
 pub type Result<T> = std::result::Result<T, CacheError>;
 
@@ -182,21 +189,8 @@ impl LayerKv {
         if n == 0 {
             return Ok(());
         }
-        let d = self.head_dim;
-        let uniform = self.lens.iter().all(|&l| l == self.lens[0]);
-        if uniform {
-            let at = self.lens[0];
-            let range = [0..self.kv_heads, at..at + n, 0..d];
-            self.keys = self.keys.clone().slice_assign(range.clone(), keys);
-            self.values = self.values.clone().slice_assign(range, values);
-        } else {
-            for h in 0..self.kv_heads {
-                let at = self.lens[h];
-                let range = [h..h + 1, at..at + n, 0..d];
-                self.keys = self.keys.clone().slice_assign(range.clone(), keys.clone().narrow(0, h, 1));
-                self.values = self.values.clone().slice_assign(range, values.clone().narrow(0, h, 1));
-            }
-        }
+        let starts: Vec<usize> = self.lens.clone();
+        self.write_rows(&starts, keys, values)?;
         for h in 0..self.kv_heads {
             let at = h * self.capacity + self.lens[h];
             self.positions[at..at + n].copy_from_slice(positions);
@@ -339,16 +333,52 @@ impl LayerKv {
                 return Err(CacheError::BadKeep { head: h, reason: format!("position {position} already cached") });
             }
         }
-        let d = self.head_dim;
+        self.write_rows(slots, keys, values)?;
         for (h, &s) in slots.iter().enumerate() {
-            let range = [h..h + 1, s..s + 1, 0..d];
-            self.keys = self.keys.clone().slice_assign(range.clone(), keys.clone().narrow(0, h, 1));
-            self.values = self.values.clone().slice_assign(range, values.clone().narrow(0, h, 1));
             self.positions[h * self.capacity + s] = position;
             if s == self.lens[h] {
                 self.lens[h] += 1;
             }
         }
+        Ok(())
+    }
+
+    /// Writes `[kv_heads, n, head_dim]` rows into slots `starts[h] .. starts[h] + n` of every
+    /// head (bounds checked by the callers); the metadata is the callers'. On wgpu one dispatch
+    /// of the row-write kernel for the whole layer; elsewhere Burn's `slice_assign`, one per
+    /// head unless every head starts at the same slot. Either way the storage is updated in
+    /// place when this layer owns it (a clone of the layer keeps its contents).
+    fn write_rows(&mut self, starts: &[usize], keys: Tensor<3>, values: Tensor<3>) -> Result<()> {
+        let n = keys.dims()[1];
+        if n == 0 {
+            return Ok(());
+        }
+        if kvslice_kernels::buffer_id(&self.keys).is_some() {
+            let at: Vec<u32> = starts.iter().map(|&s| s as u32).collect();
+            match kvslice_kernels::write_rows(&mut self.keys, &mut self.values, &keys, &values, &at) {
+                Ok(()) => return Ok(()),
+                // The kernel validates before dispatching: the storage is untouched.
+                Err(e) => warn_once(&ROW_WRITE_FALLBACK, &format!("row-write kernel: {e}; using slice_assign")),
+            }
+        }
+        let d = self.head_dim;
+        // Taken out of `self` so that `slice_assign` finds the storage unshared and writes in
+        // place instead of copying the layer.
+        let mut k = std::mem::replace(&mut self.keys, keys.clone());
+        let mut v = std::mem::replace(&mut self.values, values.clone());
+        if starts.iter().all(|&s| s == starts[0]) {
+            let range = [0..self.kv_heads, starts[0]..starts[0] + n, 0..d];
+            k = k.slice_assign(range.clone(), keys);
+            v = v.slice_assign(range, values);
+        } else {
+            for (h, &at) in starts.iter().enumerate() {
+                let range = [h..h + 1, at..at + n, 0..d];
+                k = k.slice_assign(range.clone(), keys.clone().narrow(0, h, 1));
+                v = v.slice_assign(range, values.clone().narrow(0, h, 1));
+            }
+        }
+        self.keys = k;
+        self.values = v;
         Ok(())
     }
 

@@ -1,5 +1,5 @@
 //! Times each kernel against n beside the naive route built from Burn tensor ops (materialised
-//! attention, then reductions; sort-based top-k; gather into fresh tensors).
+//! attention, then reductions; gather into fresh tensors).
 //!
 //! ```text
 //! cargo run -p kvslice-kernels --example bench_kernels -- [--sizes 1024,2048,...] [--reps 3]
@@ -12,19 +12,13 @@
 use std::time::Instant;
 
 use burn::tensor::activation::softmax;
-use burn::tensor::module::avg_pool1d;
-use burn::tensor::ops::AvgPoolOptions;
 use burn::tensor::{Bool, Device, DeviceKind, Int, Tensor, TensorData};
-use kvslice_kernels::{
-    CacheTensors, Protect, Reduce, StatsRequest, compact_in_place, decode_attention, pool1d, reduce_groups, top_k,
-    window_stats,
-};
+use kvslice_kernels::{CacheTensors, StatsRequest, compact_in_place_host, decode_attention, window_stats};
 
 const HEADS: usize = 9;
 const KV_HEADS: usize = 3;
 const D: usize = 64;
 const W: usize = 32;
-const POOL: usize = 7;
 
 struct Rng(u64);
 
@@ -106,13 +100,9 @@ fn main() {
         let q = Tensor::<3>::from_data(TensorData::new(rng.vec(HEADS * W * D), [HEADS, W, D]), &dev);
         let k = Tensor::<3>::from_data(TensorData::new(rng.vec(KV_HEADS * n * D), [KV_HEADS, n, D]), &dev);
         let v = Tensor::<3>::from_data(TensorData::new(rng.vec(KV_HEADS * n * D), [KV_HEADS, n, D]), &dev);
-        let request = StatsRequest { value_norm: true, projection: true };
+        let request = StatsRequest { value_norm: true, projection: true, jacobian: true };
 
-        // top-k budgets: a quarter of the keys per KV head, 4 sinks, 32 recent
-        let scores = Tensor::<2>::from_data(TensorData::new(rng.vec(KV_HEADS * n), [KV_HEADS, n]), &dev);
         let lens = vec![n as u32; KV_HEADS];
-        let ks = vec![(n / 4) as u32; KV_HEADS];
-        let protect = Protect { sinks: 4, recent: 32 };
 
         // 1. window statistics (the naive route always computes every term)
         if want("stats") {
@@ -127,58 +117,27 @@ fn main() {
             rows.push(("window statistics without value terms", n, base, naive));
         }
 
-        if want("pool") {
-            // 2. pooling + GQA reduction of a [heads, n] table
-            let table = Tensor::<2>::from_data(TensorData::new(rng.vec(HEADS * n), [HEADS, n]), &dev);
-            let kernel = median_ms(&dev, reps, || {
-                let p = pool1d(&table, POOL, Reduce::Mean).unwrap();
-                drop(reduce_groups(&p, KV_HEADS, Reduce::Mean).unwrap());
-            });
-            let naive = median_ms(&dev, reps, || {
-                let opts = AvgPoolOptions {
-                    kernel_size: [POOL],
-                    stride: [1],
-                    padding: [(POOL / 2, POOL / 2)],
-                    count_include_pad: true,
-                    ceil_mode: false,
-                };
-                let p = avg_pool1d(table.clone().reshape([HEADS, 1, n]), opts).reshape([KV_HEADS, HEADS / KV_HEADS, n]);
-                drop(p.mean_dim(1));
-            });
-            rows.push(("pool + GQA", n, kernel, naive));
-        }
-
-        if want("topk") {
-            // 3. top-k per KV head (k = n/4, different per head in the kernel's favourite case too)
-            let kernel = median_ms(&dev, reps, || drop(top_k(&scores, &lens, &ks, protect).unwrap()));
-            let naive = median_ms(&dev, reps, || {
-                // full sort (Burn's `topk` is far slower here), the best n/4, sorted back by
-                // position
-                let (_, idx) = scores.clone().sort_descending_with_indices(1);
-                drop(idx.slice([0..KV_HEADS, 0..n / 4]).sort(1));
-            });
-            rows.push(("top-k", n, kernel, naive));
-        }
-
         if want("compact") {
-            // 4. compaction of K, V and positions to the kept slots
-            let kept = top_k(&scores, &lens, &ks, protect).unwrap();
+            // 2. compaction of K, V and positions to the kept slots (a quarter of each head)
+            let kept_host: Vec<Vec<u32>> = (0..KV_HEADS).map(|_| (0..n as u32).step_by(4).collect()).collect();
+            let width = kept_host[0].len();
+            let kept_flat: Vec<i32> = kept_host.iter().flatten().map(|&s| s as i32).collect();
+            let kept = Tensor::<2, Int>::from_data(TensorData::new(kept_flat, [KV_HEADS, width]), &dev);
             let mut kc = k.clone().add_scalar(0.0);
             let mut vc = v.clone().add_scalar(0.0);
             let pos: Vec<i32> = (0..KV_HEADS * n).map(|i| (i % n) as i32).collect();
             let mut pc = Tensor::<2, Int>::from_data(TensorData::new(pos, [KV_HEADS, n]), &dev);
             let kernel = median_ms(&dev, reps, || {
-                compact_in_place(
+                compact_in_place_host(
                     CacheTensors { keys: &mut kc, values: &mut vc, positions: &mut pc },
-                    &kept.positions,
-                    &kept.counts,
+                    &kept_host,
                     &lens,
                 )
                 .unwrap();
             });
             let naive = median_ms(&dev, reps, || {
                 for h in 0..KV_HEADS {
-                    let idx = kept.positions.clone().slice([h..h + 1, 0..n / 4]).reshape([n / 4]);
+                    let idx = kept.clone().slice([h..h + 1, 0..width]).reshape([width]);
                     drop(k.clone().slice([h..h + 1, 0..n, 0..D]).select(1, idx.clone()));
                     drop(v.clone().slice([h..h + 1, 0..n, 0..D]).select(1, idx.clone()));
                     drop(pc.clone().slice([h..h + 1, 0..n]).select(1, idx));
@@ -188,7 +147,7 @@ fn main() {
         }
 
         if want("decode") {
-            // 5. decode attention with per-slot weights accumulated
+            // 3. decode attention with per-slot weights accumulated
             let qd = Tensor::<2>::from_data(TensorData::new(rng.vec(HEADS * D), [HEADS, D]), &dev);
             let mut acc = Tensor::<2>::zeros([KV_HEADS, n], &dev);
             let kernel = median_ms(&dev, reps, || drop(decode_attention(&qd, &k, &v, &lens, Some(&mut acc)).unwrap()));
@@ -208,14 +167,8 @@ fn main() {
         eprintln!("n = {n} done");
     }
 
-    for kernel_name in [
-        "window statistics",
-        "window statistics without value terms",
-        "pool + GQA",
-        "top-k",
-        "compaction",
-        "decode attention",
-    ] {
+    for kernel_name in ["window statistics", "window statistics without value terms", "compaction", "decode attention"]
+    {
         if rows.iter().all(|r| r.0 != kernel_name) {
             continue;
         }

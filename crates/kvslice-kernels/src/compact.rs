@@ -19,15 +19,17 @@
 //! - Across chunks, chunk `c` only writes slots `< t0 + R`, and every later chunk reads slots
 //!   `kept[t] ≥ t ≥ t0 + R`: nothing a later chunk reads was overwritten. Earlier chunks have
 //!   finished their reads before chunk `c` starts (barrier at the end of each chunk).
+//!
 //! Slots with `kept[t] = t` (the untouched prefix) are not rewritten.
 //!
-//! The kernel trusts the kept table it is given on the device (the top-k kernel produces it
-//! sorted); [`compact_in_place_host`] validates a host list before uploading it.
+//! The kernel trusts the kept table it is given on the device; [`compact_in_place_host`]
+//! validates the host lists before uploading them.
 
 use burn::tensor::{Int, Tensor};
 
 use crate::error::{KernelError, Result};
 use crate::gpu::{self, Gpu, bind, div_ceil};
+use crate::params::{AppendParams, CompactParams};
 use crate::shader::{APPEND_WG, COMPACT_PER_THREAD, COMPACT_WG, Family};
 
 /// The tensors of one layer's cache, updated in place.
@@ -80,44 +82,14 @@ fn check_cache(cache: &CacheTensors<'_>, lens: &[u32]) -> Result<Checked> {
     Ok(Checked { kv_heads, cap, d, k, v, p })
 }
 
-/// Moves the kept entries of each head to its first slots, in order, in place.
+/// Moves the kept entries of each head to its first slots, in order, in place: `kept[h]` is
+/// head `h`'s list of kept slots, validated (strictly ascending, below `lens[h]`) before upload.
 ///
 /// # Shapes
 /// - `cache`: see [`CacheTensors`]
-/// - `kept`: `[kv_heads, width]` i32/u32; row `h` starts with `counts[h]` strictly ascending
-///   slots below `lens[h]` (as [`crate::top_k`] returns them)
-/// - `counts`, `lens`: one entry per KV head, `counts[h] ≤ lens[h] ≤ capacity`,
-///   `counts[h] ≤ width`
+/// - `kept`, `lens`: one entry per KV head, `lens[h] ≤ capacity`
 ///
-/// Returns the new lengths (`counts`).
-pub fn compact_in_place(
-    cache: CacheTensors<'_>,
-    kept: &Tensor<2, Int>,
-    counts: &[u32],
-    lens: &[u32],
-) -> Result<Vec<u32>> {
-    let c = check_cache(&cache, lens)?;
-    let [kh, width] = kept.dims();
-    gpu::expect_shape("kept", &[kh, width], &[c.kv_heads, usize::MAX])?;
-    if counts.len() != c.kv_heads {
-        return Err(KernelError::PerHead { what: "counts", expected: c.kv_heads, got: counts.len() });
-    }
-    for h in 0..c.kv_heads {
-        let count = counts[h] as usize;
-        let available = (lens[h] as usize).min(width);
-        if count > available {
-            return Err(KernelError::CountPastLength { head: h, count, available });
-        }
-    }
-    let kept = gpu::int_input("kept", kept)?;
-    gpu::same_device(("keys", &c.k), ("kept", &kept))?;
-    let kept = gpu::ready(kept);
-    launch_compact(&c, &kept, width, counts);
-    Ok(counts.to_vec())
-}
-
-/// [`compact_in_place`] with the kept slots given on the host, one ascending list per head;
-/// each list is validated (strictly ascending, below the head's length) before upload.
+/// Returns the new lengths (the lists' lengths).
 pub fn compact_in_place_host(cache: CacheTensors<'_>, kept: &[Vec<u32>], lens: &[u32]) -> Result<Vec<u32>> {
     let c = check_cache(&cache, lens)?;
     if kept.len() != c.kv_heads {
@@ -147,13 +119,18 @@ fn launch_compact(c: &Checked, kept: &burn::backend::wgpu::CubeTensor, width: us
     let g = Gpu::new(&c.k);
     // at most one row per invocation, so every row of a chunk has an invocation for its position
     let rows_per_chunk = ((COMPACT_WG * COMPACT_PER_THREAD) as usize / c.d).min(COMPACT_WG as usize);
-    let mut params = vec![c.kv_heads as u32, c.cap as u32, c.d as u32, width as u32, rows_per_chunk as u32, 0, 0, 0];
-    params.extend_from_slice(counts);
+    let params = CompactParams {
+        kv_heads: c.kv_heads as u32,
+        cap: c.cap as u32,
+        head_dim: c.d as u32,
+        kept_stride: width as u32,
+        rows_per_chunk: rows_per_chunk as u32,
+    };
     g.launch(
         Family::Compact,
         "compact",
         (c.kv_heads as u32, 1, 1),
-        vec![g.words(&params), bind(&c.k), bind(&c.v), bind(&c.p), bind(kept)],
+        vec![g.params(&params, counts), bind(&c.k), bind(&c.v), bind(&c.p), bind(kept)],
     );
 }
 
@@ -196,13 +173,83 @@ pub fn append_rows(
     }
     let (nk, nv, np) = (gpu::ready(nk), gpu::ready(nv), gpu::ready(np));
     let g = Gpu::new(&c.k);
-    let mut params = vec![c.kv_heads as u32, c.cap as u32, c.d as u32, t as u32, 0, 0, 0, 0];
-    params.extend_from_slice(lens);
+    let params =
+        AppendParams { kv_heads: c.kv_heads as u32, cap: c.cap as u32, head_dim: c.d as u32, t: t as u32, flags: 1 };
     g.launch(
         Family::Append,
         "append",
         (div_ceil(t * c.d, APPEND_WG), c.kv_heads as u32, 1),
-        vec![g.words(&params), bind(&c.k), bind(&c.v), bind(&c.p), bind(&nk), bind(&nv), bind(&np)],
+        vec![g.params(&params, lens), bind(&c.k), bind(&c.v), bind(&c.p), bind(&nk), bind(&nv), bind(&np)],
     );
     Ok(new_lens)
+}
+
+/// Writes `t` rows into every KV head `h` at slots `starts[h] .. starts[h] + t`, in one
+/// dispatch: an append (`starts` = the lengths) or a decode-time slot write (`t = 1`, `starts` =
+/// the slots an eviction rule chose). Source positions are not touched (the caller keeps them).
+///
+/// The cache tensors are written in place when they own their buffers; a buffer shared with
+/// another tensor (a clone of the cache) is copied first, so the clone keeps its contents.
+///
+/// # Shapes
+/// - `keys`, `values`: `[kv_heads, capacity, head_dim]` f32 (any `head_dim`)
+/// - `new_keys`, `new_values`: `[kv_heads, t, head_dim]` f32
+/// - `starts`: one entry per KV head, `starts[h] + t ≤ capacity`
+///
+/// On error nothing was dispatched and the tensors are unchanged.
+pub fn write_rows(
+    keys: &mut Tensor<3>,
+    values: &mut Tensor<3>,
+    new_keys: &Tensor<3>,
+    new_values: &Tensor<3>,
+    starts: &[u32],
+) -> Result<()> {
+    let [kv_heads, cap, d] = keys.dims();
+    gpu::expect_shape("values", &values.dims(), &[kv_heads, cap, d])?;
+    let [_, t, _] = new_keys.dims();
+    gpu::expect_shape("new_keys", &new_keys.dims(), &[kv_heads, t, d])?;
+    gpu::expect_shape("new_values", &new_values.dims(), &[kv_heads, t, d])?;
+    if kv_heads == 0 {
+        return Err(KernelError::Empty { what: "kv_heads" });
+    }
+    if d == 0 {
+        return Err(KernelError::HeadDim { head_dim: d, max: usize::MAX });
+    }
+    gpu::check_elements("keys", &[kv_heads, cap, d])?;
+    gpu::check_groups("kv_heads", kv_heads)?;
+    if starts.len() != kv_heads {
+        return Err(KernelError::PerHead { what: "starts", expected: kv_heads, got: starts.len() });
+    }
+    for (h, &start) in starts.iter().enumerate() {
+        let after = start as usize + t;
+        if after > cap {
+            return Err(KernelError::LengthPastCapacity { head: h, len: after, capacity: cap });
+        }
+    }
+    gpu::check_groups("append workgroups", div_ceil(t * d, APPEND_WG) as usize)?;
+    let k = gpu::float_input("keys", keys)?;
+    let v = gpu::float_input("values", values)?;
+    let nk = gpu::float_input("new_keys", new_keys)?;
+    let nv = gpu::float_input("new_values", new_values)?;
+    for (name, x) in [("values", &v), ("new_keys", &nk), ("new_values", &nv)] {
+        gpu::same_device(("keys", &k), (name, x))?;
+    }
+    drop((k, v));
+    if t == 0 {
+        return Ok(());
+    }
+    let (nk, nv) = (gpu::ready(nk), gpu::ready(nv));
+    let k = gpu::take_writable(keys, new_keys.clone())?;
+    let v = gpu::take_writable(values, new_values.clone())?;
+    let g = Gpu::new(&k);
+    let params = AppendParams { kv_heads: kv_heads as u32, cap: cap as u32, head_dim: d as u32, t: t as u32, flags: 0 };
+    g.launch(
+        Family::Append,
+        "append",
+        (div_ceil(t * d, APPEND_WG), kv_heads as u32, 1),
+        vec![g.params(&params, starts), bind(&k), bind(&v), g.dummy(), bind(&nk), bind(&nv), g.dummy()],
+    );
+    *keys = gpu::float_tensor(k);
+    *values = gpu::float_tensor(v);
+    Ok(())
 }

@@ -3,8 +3,6 @@
 //! lists, a gathered copy of the cache) so that they stay obviously correct; the property
 //! tests compare each kernel against its twin.
 
-use std::cmp::Ordering;
-
 /// Window statistics on the host; every `[heads, len]` table row-major.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostWindowStats {
@@ -18,6 +16,8 @@ pub struct HostWindowStats {
     pub value_norm: Vec<f64>,
     /// `[heads, len]` `mean_q a_qj · ⟨v_j, o_q/‖o_q‖⟩`.
     pub projection: Vec<f64>,
+    /// `[heads, len]` `mean_q a_qj · ‖v_j − o_q‖`.
+    pub jacobian: Vec<f64>,
     /// `[heads]` mean over window queries of `−Σ_{j<len−w} a_qj ln(a_qj + 1e−10)`.
     pub entropy: Vec<f64>,
     /// `[heads]` `Σ_{j<len−w} variance_j`.
@@ -50,6 +50,7 @@ pub fn window_stats(
         last: vec![0.0; hn],
         value_norm: vec![0.0; hn],
         projection: vec![0.0; hn],
+        jacobian: vec![0.0; hn],
         entropy: vec![0.0; heads],
         column_variance: vec![0.0; heads],
     };
@@ -63,6 +64,7 @@ pub fn window_stats(
         // a[i][j], zero where masked
         let mut a = vec![vec![0.0f64; len]; w];
         let mut dir = vec![vec![0.0f64; d]; w];
+        let mut outs = vec![vec![0.0f64; d]; w];
         for i in 0..w {
             let qi: Vec<f64> = q[(h * w + i) * d..(h * w + i + 1) * d].iter().map(|&x| f64::from(x)).collect();
             let visible = len - w + i + 1;
@@ -82,6 +84,7 @@ pub fn window_stats(
             if norm > 0.0 {
                 dir[i] = o.iter().map(|x| x / norm).collect();
             }
+            outs[i] = o;
         }
         let prefix = len - w;
         for j in 0..len {
@@ -97,6 +100,13 @@ pub fn window_stats(
             out.last[idx] = col[w - 1];
             out.value_norm[idx] = mean * vnorm;
             out.projection[idx] = proj;
+            out.jacobian[idx] = (0..w)
+                .map(|i| {
+                    let dist = vals[j].iter().zip(&outs[i]).map(|(x, y)| (x - y) * (x - y)).sum::<f64>().sqrt();
+                    a[i][j] * dist
+                })
+                .sum::<f64>()
+                / w as f64;
             if j < prefix {
                 out.column_variance[h] += var;
                 out.entropy[h] -= col.iter().map(|&x| x * (x + 1e-10).ln()).sum::<f64>();
@@ -111,67 +121,7 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-/// Twin of [`crate::pool1d`]: `x` is `[rows, n]`; average (zero padding counted, divisor
-/// `kernel`) or max (padding never wins) over `|t − i| ≤ kernel/2`.
-pub fn pool1d(x: &[f32], rows: usize, n: usize, kernel: usize, max: bool) -> Vec<f64> {
-    let half = kernel / 2;
-    let mut out = vec![0.0; rows * n];
-    for r in 0..rows {
-        let xr = &x[r * n..(r + 1) * n];
-        for i in 0..n {
-            let lo = i.saturating_sub(half);
-            let hi = (i + half + 1).min(n);
-            out[r * n + i] = if max {
-                xr[lo..hi].iter().map(|&v| f64::from(v)).fold(f64::NEG_INFINITY, f64::max)
-            } else {
-                xr[lo..hi].iter().map(|&v| f64::from(v)).sum::<f64>() / kernel as f64
-            };
-        }
-    }
-    out
-}
-
-/// Twin of [`crate::reduce_groups`]: `[heads, n]` → `[kv_heads, n]`, mean or max over each
-/// group of `heads / kv_heads` consecutive query heads.
-pub fn reduce_groups(x: &[f32], heads: usize, kv_heads: usize, n: usize, max: bool) -> Vec<f64> {
-    let g = heads / kv_heads;
-    let mut out = vec![0.0; kv_heads * n];
-    for kh in 0..kv_heads {
-        for j in 0..n {
-            let vals = (0..g).map(|t| f64::from(x[(kh * g + t) * n + j]));
-            out[kh * n + j] = if max { vals.fold(f64::NEG_INFINITY, f64::max) } else { vals.sum::<f64>() / g as f64 };
-        }
-    }
-    out
-}
-
-/// Twin of [`crate::top_k`] for one head: `scores` holds the head's `len` valid scores.
-///
-/// `k ≥ len` keeps all, `k = 0` keeps none, otherwise the protected positions (first `sinks`,
-/// last `recent`) plus the best `k − protected` others by `f32::total_cmp`, ties to the lower
-/// position; sorted ascending. The caller guarantees `k = 0 ∨ k ≥ protected`.
-pub fn top_k(scores: &[f32], k: usize, sinks: usize, recent: usize) -> Vec<u32> {
-    let len = scores.len();
-    if k >= len {
-        return (0..len as u32).collect();
-    }
-    if k == 0 {
-        return Vec::new();
-    }
-    let protected = |j: usize| j < sinks || j + recent >= len;
-    let mut kept: Vec<u32> = (0..len).filter(|&j| protected(j)).map(|j| j as u32).collect();
-    let mut rest: Vec<u32> = (0..len).filter(|&j| !protected(j)).map(|j| j as u32).collect();
-    rest.sort_by(|&a, &b| match scores[b as usize].total_cmp(&scores[a as usize]) {
-        Ordering::Equal => a.cmp(&b),
-        o => o,
-    });
-    let extra = k - kept.len();
-    kept.extend_from_slice(&rest[..extra]);
-    kept.sort_unstable();
-    kept
-}
-
-/// Twin of [`crate::compact_in_place`] for one head: `rows` is `[cap, width]` (width = head_dim
+/// Twin of [`crate::compact_in_place_host`] for one head: `rows` is `[cap, width]` (width = head_dim
 /// for K/V, 1 for positions); returns the head after slot `t` received row `kept[t]`, the slots
 /// past `kept.len()` unchanged.
 pub fn compact<T: Copy>(rows: &[T], width: usize, kept: &[u32]) -> Vec<T> {
@@ -186,6 +136,7 @@ pub fn compact<T: Copy>(rows: &[T], width: usize, kept: &[u32]) -> Vec<T> {
 /// Twin of [`crate::decode_attention`]: `q` `[heads, d]`, `k`/`v` `[kv_heads, cap, d]`, head
 /// `kh` holding `lens[kh]` slots. Returns the output `[heads, d]` and the per-slot weights
 /// `[kv_heads, cap]` averaged over each GQA group (zero past the length).
+#[allow(clippy::too_many_arguments)]
 pub fn decode_attention(
     q: &[f32],
     k: &[f32],
@@ -226,7 +177,7 @@ pub fn decode_attention(
     (out, weights)
 }
 
-// ---- Kernel 6: skinny projection ----
+// ---- Kernel 4: skinny projection ----
 
 /// Twin of [`crate::linear`]: `y = x·W + b` with f64 accumulation.
 ///

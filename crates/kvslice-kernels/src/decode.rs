@@ -12,6 +12,7 @@ use burn::tensor::{DType, Tensor};
 
 use crate::error::{KernelError, Result};
 use crate::gpu::{self, Gpu, bind, div_ceil};
+use crate::params::DecodeParams;
 use crate::shader::{DECODE_PART_LEN, DECODE_WG, Family};
 
 /// Attention output of one new query per head.
@@ -77,18 +78,17 @@ pub fn decode_attention(
     let scratch = acc.as_ref().map(|_| g.empty(&[heads, cap], DType::F32));
     let out = g.empty(&[heads, d], DType::F32);
     let scale = 1.0f32 / (d as f32).sqrt();
-    let mut params = vec![
-        heads as u32,
-        kv_heads as u32,
-        cap as u32,
-        d as u32,
-        scale.to_bits(),
-        parts as u32,
-        DECODE_PART_LEN,
-        u32::from(acc.is_some()),
-    ];
-    params.extend_from_slice(lens);
-    let params = g.words(&params);
+    let params = DecodeParams {
+        heads: heads as u32,
+        kv_heads: kv_heads as u32,
+        cap: cap as u32,
+        head_dim: d as u32,
+        scale,
+        parts: parts as u32,
+        part_len: DECODE_PART_LEN,
+        flags: u32::from(acc.is_some()),
+    };
+    let params = g.params(&params, lens);
     let bindings = || {
         vec![
             params.clone(),

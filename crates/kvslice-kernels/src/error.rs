@@ -95,36 +95,6 @@ pub enum KernelError {
         /// Slots per head.
         capacity: usize,
     },
-    /// A top-k budget larger than the capacity of its head.
-    #[error("head {head}: k = {k} exceeds capacity {capacity}")]
-    KPastCapacity {
-        /// KV head.
-        head: usize,
-        /// Budget asked for.
-        k: usize,
-        /// Slots per head.
-        capacity: usize,
-    },
-    /// A non-zero budget smaller than the protected positions it must hold.
-    #[error("head {head}: k = {k} is below the {protected} protected positions (use 0 or at least {protected})")]
-    BudgetBelowProtected {
-        /// KV head.
-        head: usize,
-        /// Budget asked for.
-        k: usize,
-        /// Sinks plus recent positions within the head's length.
-        protected: usize,
-    },
-    /// A kept count larger than the head's length or the kept table's width.
-    #[error("head {head}: keeps {count} entries but holds only {available}")]
-    CountPastLength {
-        /// KV head.
-        head: usize,
-        /// Entries to keep.
-        count: usize,
-        /// Entries available (length, or width of the kept table).
-        available: usize,
-    },
     /// Host-given kept positions that are not strictly ascending or not below the length.
     #[error("head {head}: kept[{index}] = {position} breaks the strictly ascending order below length {len}")]
     KeptOrder {
@@ -136,12 +106,6 @@ pub enum KernelError {
         position: u32,
         /// Length of the head.
         len: usize,
-    },
-    /// The pooling kernel is even or zero.
-    #[error("pooling kernel {kernel} must be odd and positive")]
-    PoolKernel {
-        /// Kernel size received.
-        kernel: usize,
     },
     /// A size past what 32-bit shader indices address.
     #[error("{what} = {value} exceeds the 32-bit index range of the shaders")]

@@ -76,7 +76,7 @@ pub(crate) fn check_head_dim(head_dim: usize) -> Result<()> {
 }
 
 pub(crate) fn check_grouping(heads: usize, kv_heads: usize) -> Result<()> {
-    if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
+    if heads == 0 || kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
         return Err(KernelError::Grouping { heads, kv_heads });
     }
     Ok(())
@@ -145,6 +145,24 @@ pub(crate) fn int_input<const D: usize>(tensor: &'static str, t: &Tensor<D, Int>
     int_prim(tensor, t)
 }
 
+/// Takes a float tensor, already validated with [`float_input`], out of `slot` for an in-place
+/// write, leaving `placeholder` there until the caller puts the result back. A buffer shared
+/// with another tensor, or laid out with strides, is copied first (as Burn's own in-place ops
+/// do), so no other tensor sees the write.
+pub(crate) fn take_writable<const D: usize>(slot: &mut Tensor<D>, placeholder: Tensor<D>) -> Result<CubeTensor> {
+    let t = std::mem::replace(slot, placeholder);
+    let prim = t
+        .try_into_primitive::<CubeBackend>()
+        .map_err(|e| KernelError::Device { tensor: "cache", reason: format!("{e:?}") })?;
+    Ok(if !prim.is_contiguous() {
+        into_contiguous(prim)
+    } else if !prim.can_mut() {
+        prim.copy()
+    } else {
+        prim
+    })
+}
+
 pub(crate) fn same_device(a: (&'static str, &CubeTensor), b: (&'static str, &CubeTensor)) -> Result<()> {
     if a.1.device != b.1.device {
         return Err(KernelError::DeviceMismatch { tensor: b.0, other: a.0 });
@@ -175,9 +193,13 @@ impl Gpu {
         )
     }
 
-    /// A small buffer of 32-bit words (parameters).
-    pub fn words(&self, words: &[u32]) -> BufferBinding {
-        self.like.client.create_from_slice(bytemuck::cast_slice(words)).binding()
+    /// A parameter block followed by a per-head list (the WGSL struct's runtime-sized tail;
+    /// an empty tail still gets one word, so the array is never zero-sized).
+    pub fn params<P: bytemuck::Pod>(&self, block: &P, tail: &[u32]) -> BufferBinding {
+        let mut bytes = bytemuck::bytes_of(block).to_vec();
+        let tail: &[u32] = if tail.is_empty() { &[0] } else { tail };
+        bytes.extend_from_slice(bytemuck::cast_slice(tail));
+        self.like.client.create_from_slice(&bytes).binding()
     }
 
     /// A placeholder for an optional binding the kernel does not touch.
@@ -206,10 +228,6 @@ pub(crate) fn bind(t: &CubeTensor) -> BufferBinding {
 
 pub(crate) fn float_tensor<const D: usize>(t: CubeTensor) -> Tensor<D> {
     Tensor::from_primitive::<CubeBackend>(t)
-}
-
-pub(crate) fn int_tensor<const D: usize>(t: CubeTensor) -> Tensor<D, Int> {
-    Tensor::<D, Int>::from_primitive::<CubeBackend>(t)
 }
 
 pub(crate) fn div_ceil(a: usize, b: u32) -> u32 {

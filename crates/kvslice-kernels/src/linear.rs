@@ -10,6 +10,7 @@ use burn::tensor::{DType, Tensor};
 
 use crate::error::{KernelError, Result};
 use crate::gpu::{self, Gpu, bind, div_ceil};
+use crate::params::LinearParams;
 use crate::shader::{Family, LINEAR_WG};
 
 /// Rows of `x` from which one invocation handles four rows (reading each `W` element once for
@@ -69,7 +70,14 @@ pub fn linear(x: Tensor<2>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Resul
     let (xp, wp, bp) = (gpu::ready(xp), gpu::ready(wp), bp.map(gpu::ready));
     let g = Gpu::new(&xp);
     let out = g.empty(&[n, d_out], DType::F32);
-    let params = g.words(&[n as u32, d_in as u32, cols as u32, u32::from(bp.is_some()), groups_y as u32]);
+    let params = LinearParams {
+        n: n as u32,
+        d_in: d_in as u32,
+        cols: cols as u32,
+        flags: u32::from(bp.is_some()),
+        groups_y: groups_y as u32,
+    };
+    let params = g.params(&params, &[]);
     g.launch(
         family,
         entry,

@@ -1,6 +1,11 @@
 //! The shader table: every WGSL family once, its entry points, its template values, and the
 //! portability check (naga: validate, then translate to SPIR-V, MSL, HLSL and GLSL).
 //!
+//! Every module starts with `shaders/prelude.wgsl` (shared helpers: `touch_bindings`, generated
+//! from the module's own bindings, score tiles and online-softmax steps). Parameter blocks are
+//! `Params` structs mirrored by the Rust structs of [`crate::params`]; [`check_all`] compares
+//! their layouts.
+//!
 //! The files in `shaders/` are templates: `{{ name }}` placeholders take the workgroup sizes
 //! below (so the Rust dispatch arithmetic and the WGSL agree by construction) and the entry
 //! point names. Burn's template launcher runs the entry point called `main`, so rendering a
@@ -19,8 +24,6 @@ pub(crate) const STATS_WG_ROWS: u32 = 64;
 pub(crate) const STATS_WG_COLS: u32 = 64;
 pub(crate) const STATS_WG_HEADS: u32 = 256;
 pub(crate) const STATS_Q_TILE: u32 = 8;
-pub(crate) const REDUCE_WG: u32 = 256;
-pub(crate) const TOPK_WG: u32 = 256;
 pub(crate) const COMPACT_WG: u32 = 256;
 pub(crate) const COMPACT_PER_THREAD: u32 = 4;
 pub(crate) const APPEND_WG: u32 = 256;
@@ -33,10 +36,6 @@ pub(crate) const LINEAR_WG: u32 = 64;
 pub enum Family {
     /// `window_stats.wgsl`: entries `rows`, `cols`, `heads`.
     WindowStats,
-    /// `reduce.wgsl`: entries `pool`, `group`.
-    Reduce,
-    /// `topk.wgsl`: entry `topk`.
-    TopK,
     /// `compact.wgsl`: entry `compact`.
     Compact,
     /// `append.wgsl`: entry `append`.
@@ -51,23 +50,13 @@ pub enum Family {
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 8] = [
-        Family::WindowStats,
-        Family::Reduce,
-        Family::TopK,
-        Family::Compact,
-        Family::Append,
-        Family::Decode,
-        Family::Linear,
-        Family::Linear4,
-    ];
+    pub const ALL: [Family; 6] =
+        [Family::WindowStats, Family::Compact, Family::Append, Family::Decode, Family::Linear, Family::Linear4];
 
     /// File name under `shaders/`.
     pub fn file_name(self) -> &'static str {
         match self {
             Family::WindowStats => "window_stats.wgsl",
-            Family::Reduce => "reduce.wgsl",
-            Family::TopK => "topk.wgsl",
             Family::Compact => "compact.wgsl",
             Family::Append => "append.wgsl",
             Family::Decode => "decode.wgsl",
@@ -79,8 +68,6 @@ impl Family {
     pub fn template(self) -> &'static str {
         match self {
             Family::WindowStats => include_str!("../../../shaders/window_stats.wgsl"),
-            Family::Reduce => include_str!("../../../shaders/reduce.wgsl"),
-            Family::TopK => include_str!("../../../shaders/topk.wgsl"),
             Family::Compact => include_str!("../../../shaders/compact.wgsl"),
             Family::Append => include_str!("../../../shaders/append.wgsl"),
             Family::Decode => include_str!("../../../shaders/decode.wgsl"),
@@ -92,8 +79,6 @@ impl Family {
     pub fn entries(self) -> &'static [&'static str] {
         match self {
             Family::WindowStats => &["rows", "cols", "heads"],
-            Family::Reduce => &["pool", "group"],
-            Family::TopK => &["topk"],
             Family::Compact => &["compact"],
             Family::Append => &["append"],
             Family::Decode => &["part", "combine", "weights"],
@@ -104,8 +89,6 @@ impl Family {
     fn prefix(self) -> &'static str {
         match self {
             Family::WindowStats => "stats",
-            Family::Reduce => "reduce",
-            Family::TopK => "topk",
             Family::Compact => "compact",
             Family::Append => "append",
             Family::Decode => "decode",
@@ -123,8 +106,6 @@ impl Family {
                 ("q_tile", STATS_Q_TILE),
                 ("d_max", d_max),
             ],
-            Family::Reduce => vec![("wg", REDUCE_WG)],
-            Family::TopK => vec![("wg", TOPK_WG)],
             Family::Compact => vec![("wg", COMPACT_WG), ("per_thread", COMPACT_PER_THREAD)],
             Family::Append => vec![("wg", APPEND_WG)],
             Family::Decode => vec![("wg", DECODE_WG), ("d_max", d_max)],
@@ -141,14 +122,22 @@ impl Family {
         }
     }
 
+    /// Length of the prelude's score tiles: the workgroup size of the family's online-softmax
+    /// entry point (`rows` of the window statistics, `part` of decode).
+    fn tile(self) -> u32 {
+        match self {
+            Family::WindowStats => STATS_WG_ROWS,
+            Family::Decode => DECODE_WG,
+            other => other.workgroup(other.entries()[0]),
+        }
+    }
+
     /// Workgroup size of an entry point (what the dispatch arithmetic divides by).
     pub fn workgroup(self, entry: &str) -> u32 {
         match (self, entry) {
             (Family::WindowStats, "rows") => STATS_WG_ROWS,
             (Family::WindowStats, "cols") => STATS_WG_COLS,
             (Family::WindowStats, _) => STATS_WG_HEADS,
-            (Family::Reduce, _) => REDUCE_WG,
-            (Family::TopK, _) => TOPK_WG,
             (Family::Compact, _) => COMPACT_WG,
             (Family::Append, _) => APPEND_WG,
             (Family::Decode, _) => DECODE_WG,
@@ -157,9 +146,34 @@ impl Family {
     }
 }
 
-/// The template of `family` with entry point `entry` named `main` and every value registered.
+/// The prelude every module starts with (`shaders/prelude.wgsl`).
+pub const PRELUDE: &str = include_str!("../../../shaders/prelude.wgsl");
+
+/// The body of `touch_bindings` for `family`: `arrayLength` of every array binding (of the
+/// runtime-sized tail for a `Params` block that has one), read off the template's declarations.
+fn touch_expression(family: Family) -> String {
+    let tail = crate::params::layout(family).and_then(|l| l.tail);
+    let mut terms = vec!["0u".to_string()];
+    for line in family.template().lines() {
+        let Some(decl) = line.trim().strip_prefix("@group(0) @binding(") else { continue };
+        let Some((_, var)) = decl.split_once("var<storage, read_write>") else { continue };
+        let Some((name, ty)) = var.trim().trim_end_matches(';').split_once(':') else { continue };
+        let (name, ty) = (name.trim(), ty.trim());
+        if ty.starts_with("array<") {
+            terms.push(format!("arrayLength(&{name})"));
+        } else if let (true, Some(tail)) = (ty == "Params", tail) {
+            terms.push(format!("arrayLength(&{name}.{tail})"));
+        }
+    }
+    terms.join(" + ")
+}
+
+/// The template of `family` with entry point `entry` named `main` and every value registered,
+/// after the shared prelude.
 pub fn template(family: Family, entry: &str) -> SourceTemplate {
-    let mut t = SourceTemplate::new(family.template());
+    let mut t = SourceTemplate::new(format!("{PRELUDE}{}", family.template()));
+    t = t.register("touch", touch_expression(family));
+    t = t.register("tile", family.tile().to_string());
     for (name, value) in family.values() {
         t = t.register(name, value.to_string());
     }
@@ -233,11 +247,57 @@ pub fn check_all() -> Result<Vec<Portability>> {
     for family in Family::ALL {
         for &entry in family.entries() {
             let name = format!("{}/{entry}", family.file_name());
-            let translations = check_source(&name, &render(family, entry))?;
+            let source = render(family, entry);
+            check_params(&name, &source, crate::params::layout(family))?;
+            let translations = check_source(&name, &source)?;
             out.push(Portability { family, entry, translations });
         }
     }
     Ok(out)
+}
+
+/// Checks that the module's `Params` struct has exactly the members, offsets and size of the
+/// Rust parameter block `layout` (a runtime-sized last member sits at the block's size), or,
+/// when there is no Rust block, that the module declares no `Params`.
+#[cfg(not(target_family = "wasm"))]
+pub fn check_params(kernel: &str, source: &str, layout: Option<crate::params::Layout>) -> Result<()> {
+    let fail = |message: String| KernelError::Shader { kernel: kernel.to_string(), stage: "params", message };
+    let module = naga::front::wgsl::parse_str(source).map_err(|e| fail(e.emit_to_string(source)))?;
+    let params = module.types.iter().find(|(_, t)| t.name.as_deref() == Some("Params"));
+    let (layout, (_, ty)) = match (layout, params) {
+        (None, None) => return Ok(()),
+        (Some(_), None) => return Err(fail("no `Params` struct in the shader".into())),
+        (None, Some(_)) => return Err(fail("a `Params` struct without a Rust parameter block".into())),
+        (Some(l), Some(p)) => (l, p),
+    };
+    let naga::TypeInner::Struct { members, span } = &ty.inner else {
+        return Err(fail("`Params` is not a struct".into()));
+    };
+    let mut wgsl: Vec<(String, usize)> =
+        members.iter().map(|m| (m.name.clone().unwrap_or_default(), m.offset as usize)).collect();
+    let tail = match layout.tail {
+        Some(name) => {
+            let last = members.last().map(|m| &module.types[m.ty].inner);
+            let dynamic = matches!(last, Some(naga::TypeInner::Array { size: naga::ArraySize::Dynamic, .. }));
+            let (got, offset) = wgsl.pop().unwrap_or_default();
+            if !dynamic || got != name || offset != layout.size {
+                return Err(fail(format!(
+                    "tail `{name}` expected as a runtime-sized array at byte {}, got `{got}` at byte {offset}",
+                    layout.size
+                )));
+            }
+            true
+        }
+        None => false,
+    };
+    let rust: Vec<(String, usize)> = layout.members.iter().map(|&(n, o)| (n.to_string(), o)).collect();
+    if wgsl != rust {
+        return Err(fail(format!("members (name, offset): WGSL {wgsl:?}, Rust {rust:?}")));
+    }
+    if !tail && *span as usize != layout.size {
+        return Err(fail(format!("size: WGSL {span} bytes, Rust {} bytes", layout.size)));
+    }
+    Ok(())
 }
 
 /// Validates a WGSL module whose compute entry point is `main` and translates it to SPIR-V,

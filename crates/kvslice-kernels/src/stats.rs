@@ -7,7 +7,8 @@
 //! - `mean = Σ_i a_ij / w`, `variance = Σ_i (a_ij − mean)² / (w − 1)` (0 when `w = 1`; CAKE's
 //!   attention shift, `torch.var`'s default), `last = a_{w−1, j}` (TOVA);
 //! - on request `value_norm = mean · ‖v_j‖` and
-//!   `projection = Σ_i a_ij ⟨v_j, o_i/‖o_i‖⟩ / w` with `o_i = Σ_j a_ij v_j` (AnDPro);
+//!   `projection = Σ_i a_ij ⟨v_j, o_i/‖o_i‖⟩ / w` with `o_i = Σ_j a_ij v_j` (AnDPro) and
+//!   `jacobian = Σ_i a_ij ‖v_j − o_i‖ / w` (Jacap's `‖∂o/∂s‖` weights);
 //! - per head, over the prefix `j < n − w`: `entropy = Σ_i Σ_{j<n−w} −a_ij ln(a_ij + 1e−10) / w`
 //!   (CAKE's dispersion as cakekv computes it, weights not renormalised) and
 //!   `column_variance = Σ_{j<n−w} variance_j` (CAKE's shift).
@@ -21,6 +22,7 @@ use burn::tensor::{DType, Tensor};
 
 use crate::error::{KernelError, Result};
 use crate::gpu::{self, Gpu, bind, div_ceil};
+use crate::params::StatsParams;
 use crate::shader::{Family, STATS_WG_COLS};
 
 /// Which optional statistics to compute.
@@ -30,6 +32,8 @@ pub struct StatsRequest {
     pub value_norm: bool,
     /// AnDPro's `mean_q a_qj · ⟨v_j, o_q/‖o_q‖⟩` (adds the output pass to `rows`).
     pub projection: bool,
+    /// Jacap's `mean_q a_qj · ‖v_j − o_q‖` (adds the output pass to `rows`).
+    pub jacobian: bool,
 }
 
 /// Window statistics of one layer, on the device. Every `[heads, n]` tensor is row-major, head
@@ -46,6 +50,8 @@ pub struct WindowStats {
     pub value_norm: Option<Tensor<2>>,
     /// `[heads, n]` AnDPro projection term, when requested.
     pub projection: Option<Tensor<2>>,
+    /// `[heads, n]` Jacap's Jacobian term, when requested.
+    pub jacobian: Option<Tensor<2>>,
     /// `[heads]` mean prefix row entropy.
     pub entropy: Tensor<1>,
     /// `[heads]` summed prefix column variance.
@@ -83,7 +89,7 @@ pub fn window_stats(
     }
     gpu::check_elements("queries", &[heads, w, d])?;
     gpu::check_elements("keys", &[kv_heads, cap, d])?;
-    gpu::check_elements("statistics", &[6, heads, n])?;
+    gpu::check_elements("statistics", &[7, heads, n])?;
     gpu::check_groups("window queries", w)?;
     gpu::check_groups("heads", heads)?;
     gpu::check_groups("key workgroups", div_ceil(n, STATS_WG_COLS) as usize)?;
@@ -96,24 +102,26 @@ pub fn window_stats(
     let (q, k, v) = (gpu::ready(q), gpu::ready(k), gpu::ready(v));
 
     let g = Gpu::new(&q);
-    let rows = g.empty(&[heads, w, 2], DType::F32);
-    let ohat = request.projection.then(|| g.empty(&[heads, w, d], DType::F32));
-    let cols = g.empty(&[6, heads, n], DType::F32);
+    let output = request.projection || request.jacobian;
+    let rows = g.empty(&[heads, w, 4], DType::F32);
+    let ohat = output.then(|| g.empty(&[heads, w, d], DType::F32));
+    let cols = g.empty(&[7, heads, n], DType::F32);
     let head = g.empty(&[heads, 2], DType::F32);
     let scale = 1.0f32 / (d as f32).sqrt();
-    let params = [
-        heads as u32,
-        kv_heads as u32,
-        w as u32,
-        n as u32,
-        d as u32,
-        scale.to_bits(),
-        u32::from(request.projection),
-        cap as u32,
-    ];
+    let params = StatsParams {
+        heads: heads as u32,
+        kv_heads: kv_heads as u32,
+        w: w as u32,
+        n: n as u32,
+        d: d as u32,
+        scale,
+        flags: u32::from(request.projection) | (u32::from(request.jacobian) << 1),
+        cap: cap as u32,
+    };
+    let params = g.params(&params, &[]);
     let bindings = || {
         vec![
-            g.words(&params),
+            params.clone(),
             bind(&q),
             bind(&k),
             bind(&v),
@@ -137,6 +145,7 @@ pub fn window_stats(
         last: plane(2),
         value_norm: request.value_norm.then(|| plane(3)),
         projection: request.projection.then(|| plane(4)),
+        jacobian: request.jacobian.then(|| plane(6)),
         entropy: head_col(0),
         column_variance: head_col(1),
     })

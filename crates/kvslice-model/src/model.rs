@@ -66,9 +66,15 @@ impl Linear {
     pub fn forward_on(&self, x: Tensor<2>, skinny_rows: usize) -> Tensor<2> {
         if x.dims()[0] <= skinny_rows {
             let bias = self.bias.as_ref().map(|b| b.val());
-            // Shapes were validated at load; an error here can only be a non-wgpu tensor.
-            if let Ok(y) = kvslice_kernels::linear(x.clone(), self.weight.val(), bias) {
-                return y;
+            match kvslice_kernels::linear(x.clone(), self.weight.val(), bias) {
+                Ok(y) => return y,
+                // The kernel validates before dispatching, so Burn's matmul can take over; the
+                // reason is printed once (shapes were validated at load, so it is a device or
+                // element type the kernel does not take).
+                Err(e) => {
+                    static FALLBACK: std::sync::Once = std::sync::Once::new();
+                    FALLBACK.call_once(|| eprintln!("kvslice: projection kernel: {e}; using Burn's matmul"));
+                }
             }
         }
         self.forward(x)

@@ -66,10 +66,6 @@ pub fn read<const D: usize>(t: Tensor<D>) -> Vec<f32> {
     t.into_data().try_to_vec::<f32>().expect("f32 read-back")
 }
 
-pub fn read_u32<const D: usize>(t: Tensor<D, Int>) -> Vec<u32> {
-    t.into_data_as::<u32>().try_to_vec::<u32>().expect("u32 read-back")
-}
-
 pub fn read_i32<const D: usize>(t: Tensor<D, Int>) -> Vec<i32> {
     t.into_data_as::<i32>().try_to_vec::<i32>().expect("i32 read-back")
 }

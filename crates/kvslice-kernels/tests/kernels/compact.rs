@@ -1,10 +1,10 @@
 //! Kernel 4: compaction against its twin (bit-exact), in the same buffers, and the freed slots
 //! reused by appends (the append kernel and Burn's slice_assign).
 
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor};
 use kvslice_kernels::{
-    CacheTensors, KernelError, Protect, append_rows, buffer_id, compact_in_place, compact_in_place_host, cpu,
-    decode_attention, int_buffer_id, top_k,
+    CacheTensors, KernelError, append_rows, buffer_id, compact_in_place_host, cpu, decode_attention, int_buffer_id,
+    write_rows,
 };
 use proptest::prelude::*;
 
@@ -107,20 +107,12 @@ fn same_buffers_and_freed_slots_reused_by_appends() {
     let ids = (buffer_id(&k).unwrap(), buffer_id(&v).unwrap(), int_buffer_id(&p).unwrap());
     let lens = vec![cap as u32, 50, 20];
 
-    // top-k on the device, compaction straight from its output
     let mut rng = Rng::new(8);
-    let scores = rng.vec(kv_heads * cap, 1.0);
-    let ks = [10u32, 33, 20];
-    let protect = Protect { sinks: 2, recent: 3 };
-    let kept = top_k(&f2(scores.clone(), [kv_heads, cap], &dev), &lens, &ks, protect).unwrap();
-    let counts = kept.counts.clone();
-    let lens = compact_in_place(
-        CacheTensors { keys: &mut k, values: &mut v, positions: &mut p },
-        &kept.positions,
-        &counts,
-        &lens,
-    )
-    .unwrap();
+    let kept_host: Vec<Vec<u32>> =
+        [(64usize, 10usize), (50, 33), (20, 20)].iter().map(|&(len, count)| rng.subset(len, count)).collect();
+    let lens =
+        compact_in_place_host(CacheTensors { keys: &mut k, values: &mut v, positions: &mut p }, &kept_host, &lens)
+            .unwrap();
     assert_eq!(lens, [10, 33, 20]);
     assert_eq!(
         (buffer_id(&k).unwrap(), buffer_id(&v).unwrap(), int_buffer_id(&p).unwrap()),
@@ -128,8 +120,6 @@ fn same_buffers_and_freed_slots_reused_by_appends() {
         "compaction reallocated"
     );
 
-    let kept_host: Vec<Vec<u32>> =
-        (0..kv_heads).map(|h| cpu::top_k(&scores[h * cap..h * cap + [64, 50, 20][h]], ks[h] as usize, 2, 3)).collect();
     let mut want = host.compacted(&kept_host);
 
     // append two rows per head at slots lens[h], lens[h] + 1: the freed slots
@@ -202,14 +192,7 @@ fn host_kept_lists_are_validated() {
         &[9, 6],
     );
     assert_eq!(err.unwrap_err(), KernelError::LengthPastCapacity { head: 0, len: 9, capacity: 8 });
-    // counts past the length, appends past the capacity
-    let kept = Tensor::<2, Int>::from_data(TensorData::new(vec![0i32, 1, 2, 3], [2, 2]), &device());
-    let err =
-        compact_in_place(CacheTensors { keys: &mut k2, values: &mut v2, positions: &mut p2 }, &kept, &[2, 2], &[8, 1]);
-    assert_eq!(err.unwrap_err(), KernelError::CountPastLength { head: 1, count: 2, available: 1 });
-    let err =
-        compact_in_place(CacheTensors { keys: &mut k2, values: &mut v2, positions: &mut p2 }, &kept, &[3, 0], &[8, 1]);
-    assert_eq!(err.unwrap_err(), KernelError::CountPastLength { head: 0, count: 3, available: 2 });
+    // appends past the capacity
     let dev = device();
     let err = append_rows(
         CacheTensors { keys: &mut k2, values: &mut v2, positions: &mut p2 },
@@ -219,6 +202,57 @@ fn host_kept_lists_are_validated() {
         &[5, 6],
     );
     assert_eq!(err.unwrap_err(), KernelError::LengthPastCapacity { head: 1, len: 9, capacity: 8 });
+    let one = f3(vec![0.0; 2 * 64], [2, 1, 64], &dev);
+    let err = write_rows(&mut k2, &mut v2, &one, &one, &[7, 8]);
+    assert_eq!(err.unwrap_err(), KernelError::LengthPastCapacity { head: 1, len: 9, capacity: 8 });
+    let err = write_rows(&mut k2, &mut v2, &one, &one, &[7]);
+    assert_eq!(err.unwrap_err(), KernelError::PerHead { what: "starts", expected: 2, got: 1 });
     // nothing was dispatched: the cache is untouched
     assert_eq!(bits(&read(k2)), bits(&host.k));
+}
+
+proptest! {
+    #![proptest_config(crate::common::gpu_config(12))]
+
+    /// Row writes at per-head slots against the same writes on the host, bit for bit, in the
+    /// cache's own buffers; a clone taken before the write keeps its contents.
+    #[test]
+    fn row_writes_match_twin_in_place(
+        kv_heads in 1usize..5,
+        cap in 1usize..80,
+        d in prop::sample::select(vec![64usize, 128, 5, 200]),
+        t_frac in 0.0f64..1.0,
+        seed in any::<u64>(),
+    ) {
+        let dev = device();
+        let host = Host::random(kv_heads, cap, d, seed);
+        let (mut k, mut v, _) = host.upload();
+        let mut rng = Rng::new(seed ^ 3);
+        let t = 1 + ((cap - 1) as f64 * t_frac * 0.5) as usize;
+        let starts: Vec<u32> = (0..kv_heads).map(|_| rng.below(cap - t + 1) as u32).collect();
+        let nk = rng.vec(kv_heads * t * d, 1.0);
+        let nv = rng.vec(kv_heads * t * d, 1.0);
+        let ids = (buffer_id(&k).unwrap(), buffer_id(&v).unwrap());
+        write_rows(&mut k, &mut v, &f3(nk.clone(), [kv_heads, t, d], &dev), &f3(nv.clone(), [kv_heads, t, d], &dev), &starts).unwrap();
+        prop_assert_eq!((buffer_id(&k).unwrap(), buffer_id(&v).unwrap()), ids, "written in place");
+        let (mut want_k, mut want_v) = (host.k.clone(), host.v.clone());
+        for (h, &start) in starts.iter().enumerate() {
+            for r in 0..t {
+                let dst = (h * cap + start as usize + r) * d;
+                let src = (h * t + r) * d;
+                want_k[dst..dst + d].copy_from_slice(&nk[src..src + d]);
+                want_v[dst..dst + d].copy_from_slice(&nv[src..src + d]);
+            }
+        }
+        prop_assert_eq!(bits(&read(k.clone())), bits(&want_k));
+        prop_assert_eq!(bits(&read(v.clone())), bits(&want_v));
+
+        // copy on write: the clone keeps the old rows, the written tensor gets a new buffer
+        let clone = k.clone();
+        let before = read(clone.clone());
+        let zeros = f3(vec![0.0; kv_heads * t * d], [kv_heads, t, d], &dev);
+        write_rows(&mut k, &mut v, &zeros, &zeros, &starts).unwrap();
+        prop_assert_eq!(bits(&read(clone)), bits(&before));
+        prop_assert_ne!(buffer_id(&k).unwrap(), ids.0);
+    }
 }

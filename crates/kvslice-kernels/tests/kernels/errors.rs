@@ -1,10 +1,7 @@
 //! Bad input: typed errors before anything is dispatched.
 
 use burn::tensor::{Device, Tensor, TensorData};
-use kvslice_kernels::{
-    CacheTensors, KernelError, MAX_HEAD_DIM, Reduce, StatsRequest, decode_attention, pool1d, reduce_groups,
-    window_stats,
-};
+use kvslice_kernels::{CacheTensors, KernelError, MAX_HEAD_DIM, StatsRequest, decode_attention, window_stats};
 
 use crate::common::{device, f2, f3, i2};
 
@@ -59,16 +56,6 @@ fn non_wgpu_tensors_are_refused() {
         window_stats(&qg, &k, &k, 2, StatsRequest::default()),
         Err(KernelError::Device { tensor: "keys", .. })
     ));
-}
-
-#[test]
-fn reductions_refuse_bad_arguments() {
-    let dev = device();
-    let x = f2(vec![0.0; 12], [3, 4], &dev);
-    assert_eq!(pool1d(&x, 4, Reduce::Mean).unwrap_err(), KernelError::PoolKernel { kernel: 4 });
-    assert_eq!(pool1d(&x, 0, Reduce::Max).unwrap_err(), KernelError::PoolKernel { kernel: 0 });
-    assert_eq!(reduce_groups(&x, 2, Reduce::Mean).unwrap_err(), KernelError::Grouping { heads: 3, kv_heads: 2 });
-    assert_eq!(reduce_groups(&x, 0, Reduce::Mean).unwrap_err(), KernelError::Grouping { heads: 3, kv_heads: 0 });
 }
 
 #[test]

@@ -8,7 +8,5 @@ mod conformance;
 mod decode;
 mod errors;
 mod linear;
-mod reduce;
 mod shaders;
 mod stats;
-mod topk;

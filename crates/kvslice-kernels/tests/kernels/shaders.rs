@@ -47,3 +47,31 @@ fn broken_modules_are_refused_with_their_stage() {
     let fine = "@compute @workgroup_size(1) fn main() {}";
     assert!(shader::check_source("probe", fine).is_ok());
 }
+
+#[test]
+fn parameter_blocks_match_their_rust_structs_and_drift_is_caught() {
+    use kvslice_kernels::{KernelError, layout};
+    for family in Family::ALL {
+        let rust = layout(family).unwrap_or_else(|| panic!("{family:?}: no Rust parameter block"));
+        let source = shader::render(family, family.entries()[0]);
+        shader::check_params("probe", &source, Some(rust.clone())).unwrap_or_else(|e| panic!("{e}"));
+        let drift = |source: &str, rust| match shader::check_params("probe", source, rust) {
+            Err(KernelError::Shader { stage: "params", message, .. }) => message,
+            other => panic!("{family:?}: drift not caught: {other:?}"),
+        };
+        // a member inserted before the others shifts every offset
+        let shifted = source.replacen("struct Params {", "struct Params {\n    inserted: u32,", 1);
+        drift(&shifted, Some(rust.clone()));
+        // a member renamed
+        let (first, _) = rust.members[0];
+        let renamed = source.replacen(&format!("    {first}: "), &format!("    {first}_renamed: "), 1);
+        drift(&renamed, Some(rust.clone()));
+        // the Rust side growing a member the shader lacks
+        let mut grown = rust.clone();
+        grown.members.push(("extra", grown.size));
+        grown.size += 4;
+        drift(&source, Some(grown));
+        // a Params struct without a Rust block
+        drift(&source, None);
+    }
+}

@@ -2,7 +2,8 @@
 //!
 //! Tolerances (f32 kernel vs f64 twin; `atol` is relative to the array's largest magnitude,
 //! see `common::assert_close`): mean, last, value-norm and projection terms rtol 1e-4,
-//! atol 1e-5; variance rtol 1e-3, atol 1e-5; per-head entropy and column variance rtol 1e-4,
+//! atol 1e-5; Jacobian term rtol 1e-3, atol 1e-5 (of the value-norm terms' magnitude where
+//! every distance is 0); variance rtol 1e-3, atol 1e-5; per-head entropy and column variance rtol 1e-4,
 //! atol 1e-5.
 
 use kvslice_kernels::{StatsRequest, cpu, window_stats};
@@ -21,7 +22,7 @@ fn run_case(kv_heads: usize, group: usize, d: usize, n: usize, extra_cap: usize,
     let v = rng.vec(kv_heads * cap * d, 1.0);
     let want = cpu::window_stats(&q, &k, &v, heads, kv_heads, w, cap, n, d);
 
-    let request = StatsRequest { value_norm: true, projection: true };
+    let request = StatsRequest { value_norm: true, projection: true, jacobian: true };
     let got = window_stats(
         &f3(q, [heads, w, d], &dev),
         &f3(k, [kv_heads, cap, d], &dev),
@@ -37,6 +38,12 @@ fn run_case(kv_heads: usize, group: usize, d: usize, n: usize, extra_cap: usize,
     assert_close(&format!("last ({tag})"), &read(got.last), &want.last, 1e-4, 1e-5);
     assert_close(&format!("value_norm ({tag})"), &read(got.value_norm.unwrap()), &want.value_norm, 1e-4, 1e-5);
     assert_close(&format!("projection ({tag})"), &read(got.projection.unwrap()), &want.projection, 1e-4, 1e-5);
+    // ‖v_j − o_i‖ is 0 when a query sees one key: the floor is then the value norms' scale
+    let floor = want.value_norm.iter().fold(0f64, |m, x| m.max(x.abs())) * 1e-5;
+    for (i, (&g, &w)) in read(got.jacobian.unwrap()).iter().zip(&want.jacobian).enumerate() {
+        let bound = 1e-3 * w.abs() + floor.max(1e-5 * want.jacobian.iter().fold(0f64, |m, x| m.max(x.abs())));
+        assert!((f64::from(g) - w).abs() <= bound, "jacobian ({tag})[{i}]: got {g}, want {w}, bound {bound:e}");
+    }
     assert_close(&format!("entropy ({tag})"), &read(got.entropy), &want.entropy, 1e-4, 1e-5);
     assert_close(&format!("column_variance ({tag})"), &read(got.column_variance), &want.column_variance, 1e-4, 1e-5);
 }
@@ -80,7 +87,7 @@ fn hand_computed_uniform_scores() {
     let q = f3(vec![0.0, 0.0], [1, 2, 1], &dev);
     let k = f3(vec![0.3, -0.7, 0.1], [1, 3, 1], &dev);
     let v = f3(vec![1.0, 2.0, 3.0], [1, 3, 1], &dev);
-    let s = window_stats(&q, &k, &v, 3, StatsRequest { value_norm: true, projection: true }).unwrap();
+    let s = window_stats(&q, &k, &v, 3, StatsRequest { value_norm: true, projection: true, jacobian: true }).unwrap();
     let third = 1.0 / 3.0;
     let mean = [(0.5 + third) / 2.0, (0.5 + third) / 2.0, third / 2.0];
     // unbiased over two queries: (a0 − a1)² / 2

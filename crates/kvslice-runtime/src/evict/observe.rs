@@ -4,9 +4,15 @@
 //! over all queries (H2O), counter-causal column sums, pre-RoPE query moments. Results stay on
 //! the device until [`Observations::read`] brings them to the host as the policy crate's types.
 //!
-//! Every statistic is computed with Burn tensor ops in query chunks of bounded size, so it runs
-//! on any backend; the definitions are those of `kvslice_policy::WindowStats` (tested against
-//! the policy crate's CPU reference).
+//! On wgpu the window statistics (mean, variance, last-query weight, entropy, value-norm,
+//! projection and Jacobian terms) come from the window-statistics kernel
+//! (`kvslice_kernels::window_stats`, `shaders/window_stats.wgsl`), which never holds more than a
+//! tile of scores. Everything else, and every statistic on other backends (or when the kernel
+//! refuses its arguments), is computed with Burn tensor ops in query chunks of bounded size. The
+//! definitions are those of `kvslice_policy::WindowStats` (tested against the policy crate's CPU
+//! reference; the two routes are tested against each other on lavapipe).
+
+use std::sync::Once;
 
 use burn::tensor::activation::softmax;
 use burn::tensor::{Int, Tensor};
@@ -19,6 +25,18 @@ use crate::host::read_f32;
 
 /// Score elements per attention chunk (64 Mi f32 = 256 MiB).
 const MAX_CHUNK_ELEMS: usize = 64 << 20;
+
+/// Which implementation computes the window statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// The kernel on wgpu (falling back to Burn ops, with the reason printed once, if it
+    /// refuses), Burn ops elsewhere.
+    Auto,
+    /// The window-statistics kernel; its error is returned (wgpu only).
+    Kernel,
+    /// Burn tensor ops, on any backend.
+    BurnOps,
+}
 
 /// What to compute while prefilling.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -282,30 +300,103 @@ impl KvStore for Recorder<'_> {
         self.heads = heads;
         self.len = n;
         let (keys, values) = stored.view();
+        let storage = stored.lens().iter().all(|&l| l == n).then(|| stored.storage());
         let counter_causal = self.request.counter_causal_layers.contains(&layer);
-        self.layers[layer] = compute(rotated, raw, &keys, &values, self.request, counter_causal);
+        let kv = Kv { keys: &keys, values: &values, storage };
+        // the automatic route falls back to Burn ops instead of failing
+        self.layers[layer] = compute(rotated, raw, kv, self.request, counter_causal, Route::Auto)
+            .map_err(|e| kvslice_cache::CacheError::Kernel(e.to_string()))?;
         self.compute_seconds += crate::host::now() - t0;
         Ok(())
     }
+}
+
+/// One layer's cached keys and values: `[kv_heads, n, d]` each, and, when slots `0..n` of every
+/// head hold exactly them, the whole storage `[kv_heads, capacity, d]` (what the kernel reads
+/// without a copy).
+#[derive(Clone, Copy)]
+struct Kv<'a> {
+    keys: &'a Tensor<3>,
+    values: &'a Tensor<3>,
+    storage: Option<(&'a Tensor<3>, &'a Tensor<3>)>,
 }
 
 /// Everything `request` asks of one layer, queued on the device.
 fn compute(
     rotated: &Tensor<3>,
     raw: &Tensor<3>,
-    keys: &Tensor<3>,
-    values: &Tensor<3>,
+    kv: Kv<'_>,
     request: &StatsRequest,
     counter_causal: bool,
-) -> LayerTensors {
+    route: Route,
+) -> std::result::Result<LayerTensors, kvslice_kernels::KernelError> {
     let n = rotated.dims()[1];
-    LayerTensors {
-        windows: request.windows.iter().map(|&w| window_tensors(rotated, keys, values, w.min(n), request)).collect(),
+    let keys = kv.keys;
+    let windows = request
+        .windows
+        .iter()
+        .map(|&w| window_tensors_via(route, rotated, kv, w.min(n), request))
+        .collect::<std::result::Result<_, _>>()?;
+    Ok(LayerTensors {
+        windows,
         accumulated: request.accumulated.then(|| column_sums(rotated, keys, Direction::Causal)),
         counter_causal: counter_causal.then(|| column_sums(rotated, keys, Direction::CounterCausal)),
         moments: request.query_moments_skip.filter(|&s| s < n).map(|skip| moments(raw, skip)),
         twins: request.twins.then(|| twins(keys)),
+    })
+}
+
+/// The window statistics of the last `w` queries through `route`.
+fn window_tensors_via(
+    route: Route,
+    q: &Tensor<3>,
+    kv: Kv<'_>,
+    w: usize,
+    request: &StatsRequest,
+) -> std::result::Result<WindowTensors, kvslice_kernels::KernelError> {
+    match route {
+        Route::BurnOps => return Ok(window_tensors(q, kv.keys, kv.values, w, request)),
+        Route::Kernel => return kernel_window_tensors(q, kv, w, request),
+        Route::Auto => {}
     }
+    if kvslice_kernels::buffer_id(q).is_some() {
+        match kernel_window_tensors(q, kv, w, request) {
+            Ok(t) => return Ok(t),
+            Err(e) => {
+                static FALLBACK: Once = Once::new();
+                FALLBACK.call_once(|| eprintln!("kvslice: window-statistics kernel: {e}; using Burn ops"));
+            }
+        }
+    }
+    Ok(window_tensors(q, kv.keys, kv.values, w, request))
+}
+
+/// [`window_tensors`] from the window-statistics kernel: no `[H, w, n]` tensor is built.
+fn kernel_window_tensors(
+    q: &Tensor<3>,
+    kv: Kv<'_>,
+    w: usize,
+    request: &StatsRequest,
+) -> std::result::Result<WindowTensors, kvslice_kernels::KernelError> {
+    let n = q.dims()[1];
+    let (keys, values) = kv.storage.unwrap_or((kv.keys, kv.values));
+    let jacobian = request.jacobian || request.leverage;
+    let want =
+        kvslice_kernels::StatsRequest { value_norm: request.value_weighted, projection: request.projection, jacobian };
+    let qw = q.clone().narrow(1, n - w, w);
+    let s = kvslice_kernels::window_stats(&qw, keys, values, n, want)?;
+    let leverage = s.jacobian.as_ref().filter(|_| request.leverage).map(|j| leverage(kv.keys, j));
+    Ok(WindowTensors {
+        window: w,
+        mean: s.mean,
+        var: s.variance,
+        last: s.last,
+        entropy: s.entropy,
+        value_weighted: s.value_norm,
+        projection: s.projection,
+        jacobian: s.jacobian,
+        leverage,
+    })
 }
 
 /// `[heads, m, d]` queries against `[kv_heads, n, d]` keys → `[heads, m, n]` scaled scores.
@@ -488,8 +579,25 @@ pub async fn layer_stats(
     request: &StatsRequest,
     counter_causal: bool,
 ) -> Result<HostLayerStats> {
+    layer_stats_via(Route::Auto, rotated, raw, keys, values, request, counter_causal).await
+}
+
+/// [`layer_stats`] with the window statistics computed through `route` (to compare the kernel
+/// with Burn ops); [`Route::Kernel`] returns the kernel's error instead of falling back.
+#[allow(clippy::too_many_arguments)]
+pub async fn layer_stats_via(
+    route: Route,
+    rotated: &Tensor<3>,
+    raw: &Tensor<3>,
+    keys: &Tensor<3>,
+    values: &Tensor<3>,
+    request: &StatsRequest,
+    counter_causal: bool,
+) -> Result<HostLayerStats> {
     let [heads, n, d] = rotated.dims();
-    let layer = compute(rotated, raw, keys, values, request, counter_causal);
+    let kv = Kv { keys, values, storage: None };
+    let layer = compute(rotated, raw, kv, request, counter_causal, route)
+        .map_err(|e| crate::error::RuntimeError::Device(format!("window-statistics kernel: {e}")))?;
     let obs = Observations {
         layers: vec![layer],
         compute_seconds: 0.0,
