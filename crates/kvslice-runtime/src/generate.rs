@@ -430,7 +430,11 @@ mod tests {
     fn a_conversation_continues_over_the_kept_cache() {
         let model = tiny();
         let ids = prompt(16);
-        let mut first = generator(&model, &ids, 3, Vec::new()).unwrap();
+        // a session with room for the whole conversation (a prefill's own session has room for
+        // its prompt and new tokens only)
+        let session = Session::new(&model, 64).unwrap();
+        let mut first =
+            pollster::block_on(Generator::extend(session, &ids, GenerateOptions::greedy(3, Vec::new()))).unwrap();
         let said = pollster::block_on(first.run()).unwrap().to_vec();
         let session = first.into_session();
         // the next turn: the last reply token (not fed yet) and the user's new tokens
