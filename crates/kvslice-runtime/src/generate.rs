@@ -135,19 +135,17 @@ impl<'m> Generator<'m> {
             return Err(RuntimeError::Options("empty prompt".into()));
         }
         let new = options.max_new_tokens;
-        let room = prompt.len().saturating_add(new).min(model.config.max_position_embeddings);
-        let session = Session::new(model, if compression.is_some() { 1 } else { room })?;
-        session.check_context(prompt.len(), new)?;
+        crate::session::fits_context(model, 0, prompt.len(), new)?;
         let mut sampler = options.sampler.clone();
         let t0 = now();
         let (session, token, report) = match compression {
             None => {
-                let mut session = session;
+                let room = prompt.len().saturating_add(new).min(model.config.max_position_embeddings);
+                let mut session = Session::new(model, room)?;
                 let token = session.step(prompt, &mut sampler).await?;
                 (session, token, None)
             }
             Some(c) => {
-                drop(session);
                 let (session, token, report) = compressed_prefill(model, prompt, c, new, &mut sampler).await?;
                 (session, token, Some(report))
             }

@@ -165,13 +165,7 @@ impl<'m> Session<'m> {
     /// not fit the model's context from the current position (the generation loop feeds all
     /// but the last generated token). The one context check of a generation.
     pub fn check_context(&self, prompt: usize, new: usize) -> Result<()> {
-        let context = self.model.config.max_position_embeddings;
-        let used = self.next_position as usize;
-        let fed = used.checked_add(prompt).and_then(|x| x.checked_add(new.saturating_sub(1)));
-        match fed {
-            Some(total) if total <= context => Ok(()),
-            _ => Err(RuntimeError::ContextOverflow { tokens: used + prompt, new, context }),
-        }
+        fits_context(self.model, self.next_position as usize, prompt, new)
     }
 
     fn check_room(&self, n: usize) -> Result<()> {
@@ -274,5 +268,16 @@ impl<'m> Session<'m> {
             .map_err(|e| RuntimeError::Readback(format!("{e:?}")))?;
         let v = data[0].iter::<i64>().next().ok_or_else(|| RuntimeError::Readback("empty argmax".into()))?;
         Ok(v as u32)
+    }
+}
+
+/// Whether `prompt` tokens after `used` ones, then `new` generated ones (all but the last fed),
+/// fit `model`'s context.
+pub(crate) fn fits_context(model: &Llama, used: usize, prompt: usize, new: usize) -> Result<()> {
+    let context = model.config.max_position_embeddings;
+    let fed = used.checked_add(prompt).and_then(|x| x.checked_add(new.saturating_sub(1)));
+    match fed {
+        Some(total) if total <= context => Ok(()),
+        _ => Err(RuntimeError::ContextOverflow { tokens: used.saturating_add(prompt), new, context }),
     }
 }
