@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-system.sh
+# Headless (no display session): Mesa's device-select Vulkan layer has no display to pick a
+# GPU by and prints an XDG_RUNTIME_DIR error for every Vulkan instance; it is turned off.
+[ -n "${XDG_RUNTIME_DIR:-}" ] || export NODEVICE_SELECT=1
 cargo build --locked -p kvslice-cli
 KV="cargo run --locked -q -p kvslice-cli --"
 $KV fetch

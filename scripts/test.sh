@@ -5,15 +5,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-system.sh
+# Headless (no display session): Mesa's device-select Vulkan layer has no display to pick a
+# GPU by and prints an XDG_RUNTIME_DIR error for every Vulkan instance; it is turned off.
+[ -n "${XDG_RUNTIME_DIR:-}" ] || export NODEVICE_SELECT=1
 rustup target list --installed | grep -q wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
 
 # Formatting first: it takes a second and fails the fastest.
 cargo fmt --all --check
 # One build of the whole workspace (tests, the CLI binary) in the dev profile.
 cargo test --locked --workspace --no-run
-# The default model and the case generators' corpus, through the CLI (tests compare against
-# committed golden data and regenerate the committed retrieval suites).
-cargo run --locked -q -p kvslice-cli -- fetch --corpus
+# The default model and the case generators' corpus, through the CLI that build produced (tests
+# compare against committed golden data and regenerate the committed retrieval suites). Not
+# `cargo run -p kvslice-cli`: that selection resolves features without the workspace's
+# dev-dependencies (indexmap's `serde`, through the wasm bindgen) and compiles burn a second time.
+"${CARGO_TARGET_DIR:-target}/debug/kvslice" fetch --corpus
 
 cargo test --locked --workspace --no-fail-fast
 

@@ -38,8 +38,9 @@ cli() {
         echo "$KVSLICE_CLI"
         return
     fi
-    # The same selection as scripts/test.sh's `cargo run -p kvslice-cli`: no rebuild there.
-    cargo build --locked -q -p kvslice-cli >&2
+    # The same selection as scripts/test.sh's workspace build: no second build of burn (a build
+    # of `-p kvslice-cli` alone resolves features differently and compiles it again).
+    cargo test --locked -q --workspace --no-run >&2
     echo "$(target_dir)/debug/kvslice"
 }
 

@@ -103,13 +103,41 @@ enum Command {
     },
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
+    /// Run the kernel conformance suite (every WGSL kernel against its CPU twin) on a wgpu
+    /// adapter; exits with an error when a case fails.
+    Conformance {
+        /// `wgpu` or `wgpu:vulkan|metal|dx12|gl`.
+        #[arg(long, default_value = "wgpu")]
+        device: String,
+        /// Print the results as JSON `[{kernel, case, passed, failure, checked}]` (the page's
+        /// format) instead of one line per case.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() {
+    quiet_vulkan_loader();
     let cli = Cli::parse();
     if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+/// Without a display session (a server, CI, ssh), Mesa's device-select Vulkan layer has no
+/// display to pick a GPU by and prints "XDG_RUNTIME_DIR is invalid" for every Vulkan instance,
+/// which reads as a failure; it only reorders adapters, and wgpu picks its adapter itself, so
+/// it is turned off there. An explicit `NODEVICE_SELECT` is left as set.
+fn quiet_vulkan_loader() {
+    #[cfg(target_os = "linux")]
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() && std::env::var_os("NODEVICE_SELECT").is_none() {
+        // SAFETY: first statement of `main`, before any other thread exists: nothing reads the
+        // environment concurrently.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::env::set_var("NODEVICE_SELECT", "1");
+        }
     }
 }
 
@@ -188,7 +216,47 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Bench(args) => bench::run(args, cli.verbose),
+        Command::Conformance { device, json } => conformance(&device, json),
     }
+}
+
+/// `kvslice conformance`: the portable suite the browser page runs, on a native adapter.
+fn conformance(device: &str, json: bool) -> Result<()> {
+    let choice: DeviceChoice = device.parse()?;
+    if matches!(choice, DeviceChoice::Cpu | DeviceChoice::Auto) {
+        anyhow::bail!("the conformance suite checks wgpu kernels: use --device wgpu or wgpu:API");
+    }
+    let (device, info) = pollster::block_on(init_device(choice))?;
+    let results = pollster::block_on(kvslice_runtime::conformance::run_all(&device));
+    let failed = results.iter().filter(|r| !r.passed()).count();
+    if json {
+        let out: Vec<serde_json::Value> = results
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "kernel": r.kernel,
+                    "case": r.case,
+                    "passed": r.passed(),
+                    "failure": r.failure,
+                    "checked": r.checked,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(out));
+    } else {
+        println!("{info}");
+        for r in &results {
+            match &r.failure {
+                None => println!("ok     {} [{}] ({} values)", r.kernel, r.case, r.checked),
+                Some(f) => println!("FAILED {} [{}]: {f}", r.kernel, r.case),
+            }
+        }
+        println!("{} passed, {failed} failed", results.len() - failed);
+    }
+    if failed > 0 {
+        anyhow::bail!("{failed} of {} conformance cases failed on {}", results.len(), info.name);
+    }
+    Ok(())
 }
 
 /// Opens the model on the chosen device.

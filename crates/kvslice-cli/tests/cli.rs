@@ -208,3 +208,23 @@ fn eval_bad_input_is_a_one_line_error() {
     assert!(e.contains("0%"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn conformance_checks_every_kernel_on_the_adapter_and_reports_json() {
+    let out = kvslice(&["conformance", "--json"]);
+    assert!(out.status.success(), "conformance: {}", String::from_utf8_lossy(&out.stderr));
+    let cases: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("a JSON array");
+    let kernels: std::collections::BTreeSet<&str> = cases.iter().map(|c| c["kernel"].as_str().unwrap()).collect();
+    for k in ["window_stats", "decode_attention", "append_rows", "write_rows", "compact_in_place", "linear"] {
+        assert!(kernels.contains(k), "no case for {k}: {kernels:?}");
+    }
+    for c in &cases {
+        assert_eq!(c["passed"], true, "{c}");
+        assert!(c["failure"].is_null(), "{c}");
+        assert!(c["checked"].as_u64().unwrap() > 0, "a case that compares nothing: {c}");
+        assert!(!c["case"].as_str().unwrap().is_empty());
+    }
+    // the CPU backend has no kernels to check
+    let err = one_line_error(&kvslice(&["conformance", "--device", "cpu"]));
+    assert!(err.contains("wgpu"), "{err}");
+}

@@ -5,13 +5,13 @@
 //! (The decode-time attention weights are tested beside their dispatch, in
 //! `src/evict/attention.rs`.)
 
-use burn::tensor::{Device, DeviceKind, Tensor, TensorData};
+use burn::tensor::{Device, Tensor, TensorData};
 use kvslice_cache::{CacheGeometry, KvCache, KvStore};
 use kvslice_runtime::StatsRequest;
 use kvslice_runtime::evict::observe::{HostLayerStats, Route, layer_stats_via};
 
 fn wgpu() -> Device {
-    Device::wgpu(DeviceKind::DefaultDevice)
+    pollster::block_on(kvslice_runtime::init_device(kvslice_runtime::DeviceChoice::Wgpu)).expect("a wgpu adapter").0
 }
 
 /// Deterministic values in `[-amplitude, amplitude]`.

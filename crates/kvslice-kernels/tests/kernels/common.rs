@@ -1,11 +1,24 @@
 //! Shared helpers of the GPU tests: the wgpu device (lavapipe in CI), deterministic random
 //! data, uploads, read-backs and the tolerance check.
 
+use std::sync::OnceLock;
+
 use burn::tensor::{Device, DeviceKind, Int, Tensor, TensorData};
 
-/// The wgpu device. There is no fallback: without an adapter the tests fail.
+/// The wgpu device. There is no fallback to the CPU: without an adapter the tests fail. On
+/// Linux Vulkan is asked first (as the runtime's `init_device` does): letting wgpu probe every
+/// API also opens EGL, which prints driver noise on a machine without a display.
 pub fn device() -> Device {
-    Device::wgpu(DeviceKind::DefaultDevice)
+    static DEVICE: OnceLock<Device> = OnceLock::new();
+    DEVICE
+        .get_or_init(|| {
+            #[cfg(target_os = "linux")]
+            if let Ok(d) = Device::wgpu_options().graphics_api(burn::tensor::wgpu::WgpuBackend::Vulkan).init() {
+                return d;
+            }
+            Device::wgpu(DeviceKind::DefaultDevice)
+        })
+        .clone()
 }
 
 /// SplitMix64: deterministic values from a proptest-chosen seed.

@@ -67,7 +67,7 @@ mod tests {
     //! The kernel route against the Burn-op route on the same wgpu tensors, and against the
     //! Burn-op route on the CPU backend (lavapipe in CI; no skipping without an adapter).
 
-    use burn::tensor::{Device, DeviceKind, Tensor, TensorData};
+    use burn::tensor::{Device, Tensor, TensorData};
     use kvslice_cache::{CacheGeometry, KvCache, KvStore};
 
     use super::*;
@@ -123,7 +123,7 @@ mod tests {
 
     #[test]
     fn kernel_weights_match_burn_ops() {
-        let wgpu = Device::wgpu(DeviceKind::DefaultDevice);
+        let wgpu = pollster::block_on(crate::init_device(crate::DeviceChoice::Wgpu)).expect("a wgpu adapter").0;
         let cpu = Device::flex();
         for (kv_heads, heads, d, cap) in [(2usize, 8usize, 64usize, 600usize), (4, 4, 32, 70), (1, 3, 128, 1030)] {
             let (cache, q) = layer(&wgpu, kv_heads, heads, d, cap);
