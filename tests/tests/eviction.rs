@@ -53,6 +53,7 @@ fn stats_match_reference(device: Device) {
         jacobian: true,
         leverage: true,
         twins: true,
+        tail_queries: 0,
     };
     let got = pollster::block_on(layer_stats(
         &tensor(&q, [h, n, d], &device),
@@ -458,4 +459,154 @@ fn score_free_decoding_evicts_in_the_frozen_order_cpu() {
 #[test]
 fn score_free_decoding_evicts_in_the_frozen_order_wgpu() {
     score_free_decoding_evicts_in_the_frozen_order(wgpu());
+}
+
+/// Records each layer's query of a one-token forward pass over a cache (the test's own
+/// [`kvslice_cache::KvStore`], independent of the runtime's).
+struct QueryRecorder {
+    cache: kvslice_cache::KvCache,
+    queries: Vec<Vec<f32>>,
+}
+
+impl kvslice_cache::KvStore for QueryRecorder {
+    fn append(&mut self, layer: usize, k: Tensor<3>, v: Tensor<3>, positions: &[u32]) -> kvslice_cache::Result<()> {
+        self.cache.append(layer, k, v, positions)
+    }
+
+    fn layer(&self, layer: usize) -> kvslice_cache::Result<&kvslice_cache::LayerKv> {
+        self.cache.layer(layer)
+    }
+
+    fn observe_queries(&mut self, _: usize, rotated: &Tensor<3>, _: &Tensor<3>) -> kvslice_cache::Result<()> {
+        self.queries.push(rotated.clone().into_data().try_to_vec::<f32>().unwrap());
+        Ok(())
+    }
+}
+
+/// TOVA re-scoring the cache every 4 decode steps (`tova:every=4`, kvpress's `DecodingPress`
+/// around `TOVAPress`) at a flat 16 tokens over a 40-token prompt: the cache grows by 4 between
+/// compressions and is compacted back to 16 before the 5th and the 9th decode step. The second
+/// compression keeps, in every layer, the newest entry and the 15 others with the most
+/// attention from the last decoded query averaged over all the layer's heads: worked out here
+/// in f64 from that query and the cached keys, recomputed by replaying the decode step on a
+/// copy of the cache through the model alone.
+#[test]
+fn recompression_keeps_what_the_last_query_attends_to() {
+    let device = cpu();
+    let model = tiny(&device);
+    let ids = prompt(40);
+    let c = compression(&model, "tova:every=4", "16");
+    let (caches, tokens, recompressions) = pollster::block_on(async {
+        let mut g = Generator::prefill(&model, &ids, greedy(13), Some(&c)).await.unwrap();
+        let mut caches = Vec::new();
+        let mut recompressions = Vec::new();
+        // caches[j]: after the j-th decode step (caches[0]: after the prefill)
+        while g.next().await.unwrap().is_some() {
+            caches.push(g.session().cache().clone());
+            recompressions.push(g.session().eviction().unwrap().recompressions());
+        }
+        (caches, g.tokens().to_vec(), recompressions)
+    });
+    assert_eq!(tokens.len(), 13);
+    assert_eq!(recompressions, [0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]);
+    let lens = |j: usize| caches[j].layers().iter().map(|l| l.lens().to_vec()).collect::<Vec<_>>();
+    for (j, want) in [(0, 16), (4, 20), (5, 17), (8, 20), (9, 17), (12, 20)] {
+        assert!(lens(j).iter().flatten().all(|&n| n == want), "after step {j}: {:?}", lens(j));
+    }
+    assert!(caches[12].layers().iter().all(|l| l.capacity() == 20), "16 kept + 4 between compressions");
+    // Replay decode step 8 (token 7 at position 47) on the cache after step 7.
+    let mut replay = QueryRecorder { cache: caches[7].clone(), queries: Vec::new() };
+    model.forward(&[tokens[7]], &[47], &mut replay).unwrap();
+    let cfg = &model.config;
+    let (heads, kv_heads, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+    let group = heads / kv_heads;
+    for (l, layer) in replay.cache.layers().iter().enumerate() {
+        assert_eq!(layer.lens(), lens(8)[l].as_slice(), "the replay holds what the session held");
+        let (k, _) = layer.view();
+        let k = k.into_data().try_to_vec::<f32>().unwrap();
+        let q = &replay.queries[l];
+        let n = 20;
+        let mut score = vec![0.0f64; n];
+        for h in 0..heads {
+            let kh = h / group;
+            let logits: Vec<f64> = (0..n)
+                .map(|j| {
+                    let dot: f64 = (0..d).map(|i| f64::from(q[h * d + i]) * f64::from(k[(kh * n + j) * d + i])).sum();
+                    dot / (d as f64).sqrt()
+                })
+                .collect();
+            let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = logits.iter().map(|x| (x - max).exp()).sum();
+            for j in 0..n {
+                score[j] += (logits[j] - max).exp() / z / heads as f64;
+            }
+        }
+        for h in 0..kv_heads {
+            let positions = layer.head_positions(h);
+            assert_eq!(positions[n - 1], 47);
+            let mut order: Vec<usize> = (0..n - 1).collect();
+            order.sort_by(|&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
+            let threshold = score[order[14]];
+            // after step 9: the 16 kept entries, then the token of step 9 (position 48)
+            let after = caches[9].layers()[l].head_positions(h);
+            assert_eq!(after.len(), 17);
+            assert_eq!(after[16], 48);
+            assert!(after[..16].contains(&47), "layer {l} head {h}: the newest entry is kept");
+            for (s, &p) in positions.iter().enumerate().take(n - 1) {
+                let kept = after[..16].contains(&p);
+                // near-ties (f32 against f64) may go either way
+                if (score[s] - threshold).abs() > 1e-6 {
+                    assert_eq!(kept, score[s] > threshold, "layer {l} head {h} position {p}: score {}", score[s]);
+                }
+            }
+        }
+    }
+}
+
+/// SnapKV with an 8-query window re-scoring every 4 steps (`snapkv:window=8,kernel=3,every=4`)
+/// at 24 tokens over a 60-token prompt: each compression keeps 24 entries per head with the 8
+/// newest among them (the window whose queries were observed), on the CPU backend and through
+/// the window-statistics kernel on wgpu, where the two must keep the same entries.
+fn recompression_holds_the_budget(device: Device) -> Vec<Vec<Vec<u32>>> {
+    let model = tiny(&device);
+    let ids = prompt(60);
+    let c = compression(&model, "snapkv:window=8,kernel=3,every=4", "24");
+    let (session, tokens, report) = generate(&model, &ids, &greedy(23), &c).unwrap();
+    assert_eq!(tokens.len(), 23);
+    assert!(report.kept.iter().flatten().all(|k| k.len() == 24));
+    let eviction = session.eviction().unwrap();
+    // 22 decode steps: compressions before steps 5, 9, 13, 17, 21; 4 entries per head each
+    assert_eq!(eviction.recompressions(), 5);
+    assert_eq!(eviction.evicted, 5 * 4 * 3 * 2);
+    let mut kept = Vec::new();
+    for layer in session.cache().layers() {
+        assert_eq!(layer.capacity(), 28);
+        for h in 0..2 {
+            let pos = layer.head_positions(h);
+            // 24 after the compression before step 21, then steps 21 and 22 (positions 80, 81)
+            assert_eq!(pos.len(), 26);
+            assert!(pos.windows(2).all(|w| w[0] < w[1]), "slot order is position order");
+            assert!((72..=81).all(|p| pos.contains(&p)), "the window and the new tokens: {pos:?}");
+            kept.push(pos.to_vec());
+        }
+    }
+    vec![kept]
+}
+
+#[test]
+fn recompression_holds_the_budget_on_cpu_and_wgpu_alike() {
+    let on_cpu = recompression_holds_the_budget(cpu());
+    let on_wgpu = recompression_holds_the_budget(wgpu());
+    assert_eq!(on_cpu, on_wgpu, "the kernel route keeps what Burn ops keep");
+}
+
+#[test]
+fn recompression_refuses_what_decode_queries_cannot_score() {
+    let device = cpu();
+    let model = tiny(&device);
+    let info = Compression::model_info(&model);
+    for name in ["h2o:every=8", "counter-causal:every=2", "expected-attention:every=4", "twinkv:every=4"] {
+        let e = Compression::new(name, "50%", &info).unwrap_err().to_string();
+        assert!(e.contains("every") && e.contains("cannot compute"), "{name}: {e}");
+    }
 }

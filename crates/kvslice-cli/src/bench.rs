@@ -155,6 +155,9 @@ fn decode_after(
     pollster::block_on(generator.run())?;
     let per = t.elapsed().as_secs_f64() / args.decode_steps as f64;
     let evictions = match generator.session().eviction() {
+        Some(e) if e.recompressions() > 0 => {
+            format!(", {} evictions in {} recompressions", e.evicted, e.recompressions())
+        }
         Some(e) => format!(", {} evictions, {} score refreshes", e.evicted, e.refreshes()),
         None => String::new(),
     };

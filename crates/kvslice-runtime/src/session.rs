@@ -188,8 +188,9 @@ impl<'m> Session<'m> {
             Some(eviction) if tokens.len() == 1 => {
                 let mut store = EvictingStore { cache: &mut self.cache, eviction };
                 let out = self.model.forward(tokens, &positions, &mut store);
-                if out.is_err() {
-                    eviction.discard_pending();
+                match out {
+                    Ok(_) => eviction.after_step(),
+                    Err(_) => eviction.discard_pending(),
                 }
                 out?
             }
@@ -206,9 +207,18 @@ impl<'m> Session<'m> {
         if tokens.is_empty() {
             return Err(RuntimeError::Options("nothing to feed".into()));
         }
+        self.before_step(tokens.len()).await?;
         let hidden = self.feed(tokens)?;
         self.absorb().await?;
         self.sample_last(hidden, sampler).await
+    }
+
+    /// Before a decode step of `n` tokens: the recompression that is due.
+    async fn before_step(&mut self, n: usize) -> Result<()> {
+        if let (Some(e), 1) = (&mut self.eviction, n) {
+            e.before_step(self.model, &mut self.cache).await?;
+        }
+        Ok(())
     }
 
     /// Folds the last step's attention into the decode-time eviction scores.
@@ -225,6 +235,7 @@ impl<'m> Session<'m> {
         if let Some(&bad) = rows.iter().find(|&&r| r >= tokens.len()) {
             return Err(RuntimeError::Options(format!("row {bad} outside {} tokens", tokens.len())));
         }
+        self.before_step(tokens.len()).await?;
         let hidden = self.feed(tokens)?;
         self.absorb().await?;
         if rows.is_empty() {

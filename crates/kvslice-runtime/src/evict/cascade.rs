@@ -33,6 +33,9 @@ pub(crate) struct CascadeStore<'p> {
     /// Compressed layers so far, with their scores (positions `0..n`).
     done: Vec<(LayerKv, Scores)>,
     pub peak_bytes: usize,
+    /// How many of each layer's last queries to keep, and those kept (`[H, t, d]`).
+    tail: usize,
+    pub tail_queries: Vec<Option<Tensor<3>>>,
     /// Seconds spent in statistics, selection and compaction (inside the prefill).
     pub spent: f64,
 }
@@ -48,6 +51,7 @@ impl<'p> CascadeStore<'p> {
         len: usize,
         per_layer: usize,
         room: usize,
+        tail: usize,
         device: &burn::tensor::Device,
     ) -> crate::Result<Self> {
         let window = policy.needs().window;
@@ -65,6 +69,8 @@ impl<'p> CascadeStore<'p> {
             scratch,
             done: Vec::new(),
             peak_bytes: 0,
+            tail,
+            tail_queries: Vec::new(),
             spent: 0.0,
         })
     }
@@ -115,6 +121,7 @@ impl KvStore for CascadeStore<'_> {
 
     fn observe_queries(&mut self, layer: usize, rotated: &Tensor<3>, raw: &Tensor<3>) -> kvslice_cache::Result<()> {
         let t0 = now();
+        self.tail_queries.push(super::observe::tail_queries(rotated, self.tail));
         let full = self.scratch.layer(0)?;
         let (keys, values) = full.view();
         let request = StatsRequest { windows: vec![self.window], ..StatsRequest::default() };
@@ -187,13 +194,15 @@ pub(crate) fn prefill(
         n,
         budget.per_layer,
         compression.room(&compression.decode_rule(budget.per_layer), budget.per_layer, n, max_new_tokens).0,
+        compression.request(c.num_layers).tail_queries,
         model.device(),
     )?;
     let positions: Vec<u32> = (0..n as u32).collect();
     let hidden = model.forward(prompt, &positions, &mut store)?;
     let (peak_bytes, spent) = (store.peak_bytes, store.spent);
+    let tails = std::mem::take(&mut store.tail_queries);
     let (cache, kept, scores) = store.finish()?;
-    let eviction = DecodeEviction::new(compression.decode_rule(budget.per_layer), &cache, scores);
+    let eviction = compression.decode_state(budget.per_layer, &cache, scores, tails, n)?;
     let report = CompressionReport {
         kept_entries: kept.iter().flatten().map(Vec::len).sum(),
         kept,

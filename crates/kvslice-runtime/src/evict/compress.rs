@@ -22,6 +22,7 @@ pub struct Compression {
     policy: Policy,
     pub(crate) spec: BudgetSpec,
     cascade: bool,
+    model: ModelInfo,
 }
 
 impl Compression {
@@ -33,12 +34,14 @@ impl Compression {
         let policy = kvslice_policy::build(&name, model).map_err(|e| RuntimeError::Options(e.to_string()))?;
         let spec: BudgetSpec =
             budget.parse().map_err(|e: kvslice_policy::PolicyError| RuntimeError::Options(e.to_string()))?;
-        if let DecodeRule::Recompress { .. } = policy.decode_rule(1) {
+        if let (DecodeRule::Recompress { .. }, Some(why)) = (policy.decode_rule(1), super::recompress::refusal(&policy))
+        {
             return Err(RuntimeError::Options(format!(
-                "{name}: decode-time recompression (`every`) is not available yet"
+                "{name}: decode-time recompression (`every`) cannot compute {why} from decode queries; leave \
+                 `every` at 0 for the policy's own decode rule"
             )));
         }
-        Ok(Compression { name, budget_text: budget.to_string(), policy, spec, cascade: true })
+        Ok(Compression { name, budget_text: budget.to_string(), policy, spec, cascade: true, model: *model })
     }
 
     /// The same compression done in one shot after the whole prefill, even for CAKE (whose
@@ -83,6 +86,10 @@ impl Compression {
         let needs = self.policy.needs();
         let skip = self.policy.protect(usize::MAX / 2).sinks;
         request.add(&needs, &self.policy.counter_causal_layers(layers), Some(skip));
+        if let DecodeRule::Recompress { .. } = self.policy.decode_rule(1) {
+            // the prompt's last queries open recompression's first observation window
+            request.tail_queries = request.tail_queries.max(needs.window.max(1));
+        }
     }
 
     /// Extra slots per head and the least capacity of a compressed layer: room for the new
@@ -91,22 +98,54 @@ impl Compression {
     /// budget exceeds the prompt by.
     pub fn room(&self, rule: &DecodeRule, per_layer: usize, prompt: usize, max_new_tokens: usize) -> (usize, usize) {
         let new = max_new_tokens.saturating_sub(1);
-        let asked = match self.spec {
-            BudgetSpec::Flat(b) | BudgetSpec::AveragePerLayer(b) => b,
-            BudgetSpec::Fraction { .. } => per_layer,
-        };
+        let asked = self.asked(per_layer);
         match rule {
             DecodeRule::Grow => (new, 0),
             DecodeRule::Indicator { .. } => (asked.saturating_sub(per_layer).min(new), 0),
-            // grows by up to `every` tokens between two compressions
-            DecodeRule::Recompress { every } => ((*every).min(new), 0),
+            // grows to the asked budget, then by up to `every` tokens between two compressions
+            DecodeRule::Recompress { every } => ((asked.saturating_sub(per_layer) + every).min(new), 0),
             _ => (0, asked.min(prompt + new).max(1)),
+        }
+    }
+
+    /// The budget asked per layer, which may exceed the `per_layer` a shorter prompt resolved
+    /// it to.
+    fn asked(&self, per_layer: usize) -> usize {
+        match self.spec {
+            BudgetSpec::Flat(b) | BudgetSpec::AveragePerLayer(b) => b.max(per_layer),
+            BudgetSpec::Fraction { .. } => per_layer,
         }
     }
 
     /// The decode-time rule the policy declares, at a budget of `per_layer` tokens.
     pub fn decode_rule(&self, per_layer: usize) -> DecodeRule {
         self.policy.decode_rule(per_layer)
+    }
+
+    /// The decode-time eviction over `cache` just compressed at `per_layer` tokens per layer:
+    /// `None` for a cache that grows; rules that rank by scores start from `scores`;
+    /// recompression's first observation window starts from the last queries of the `prompt`
+    /// tokens, `tail_queries` (`[layer]`, `[H, t, d]` each, where recorded).
+    pub(crate) fn decode_state(
+        &self,
+        per_layer: usize,
+        cache: &KvCache,
+        scores: Vec<Vec<Vec<f32>>>,
+        tail_queries: Vec<Option<Tensor<3>>>,
+        prompt: usize,
+    ) -> Result<Option<DecodeEviction>> {
+        let rule = self.decode_rule(per_layer);
+        if let DecodeRule::Recompress { every } = rule {
+            // the runtime's own copy of the policy, built from the same canonical options
+            let policy =
+                kvslice_policy::build(&self.name, &self.model).map_err(|e| RuntimeError::Options(e.to_string()))?;
+            let sinks = policy.protect(per_layer).sinks;
+            let growth = self.asked(per_layer) - per_layer;
+            let recompressor = super::recompress::Recompressor::new(policy, every, cache, growth, tail_queries, prompt)
+                .map_err(|e| RuntimeError::Options(format!("{}: {e}", self.label())))?;
+            return Ok(Some(DecodeEviction::recompressing(rule, recompressor, cache, sinks)));
+        }
+        Ok(DecodeEviction::new(rule, cache, scores))
     }
 
     /// Runs the policy on a prefilled prompt: `stats` from [`Observations::read`], `cache` the
@@ -272,7 +311,8 @@ pub async fn compress(
     let t2 = now();
     let scores =
         if super::decode::starts_from_scores(&rule) { compression.initial_scores(stats, &plan)? } else { Vec::new() };
-    let eviction = DecodeEviction::new(rule, &cache, scores);
+    let tails = stats.iter().map(|s| s.tail_queries.clone()).collect();
+    let eviction = compression.decode_state(plan.budget.per_layer, &cache, scores, tails, full.max_len())?;
     let g = full.geometry();
     let prompt_tokens = full.max_len();
     let report = CompressionReport {

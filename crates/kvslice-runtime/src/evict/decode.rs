@@ -14,6 +14,7 @@ use kvslice_cache::{KvCache, KvStore, LayerKv};
 use kvslice_policy::{DecodeRule, Ladder, Temporal};
 
 use super::attention;
+use super::recompress::Recompressor;
 use crate::error::{Result, RuntimeError};
 
 /// Whether `rule` ranks entries by scores that start from the prefill's (the rules whose state
@@ -405,6 +406,10 @@ pub struct DecodeEviction {
     ticks: usize,
     /// Entries evicted so far.
     pub evicted: usize,
+    /// Decode-time recompression ([`DecodeRule::Recompress`]); the rule state is then only the
+    /// fallback for a full head (oldest entry after the sinks), which a session that steps
+    /// through [`crate::Session::step`] never reaches.
+    recompress: Option<Recompressor>,
 }
 
 impl DecodeEviction {
@@ -419,7 +424,43 @@ impl DecodeEviction {
             steps: 0,
             ticks: 0,
             evicted: 0,
+            recompress: None,
         })
+    }
+
+    /// Decode-time recompression by `recompressor` over `cache` (rule `rule`); `sinks`: the
+    /// policy's protected first positions, kept by the fallback rule.
+    pub(crate) fn recompressing(rule: DecodeRule, recompressor: Recompressor, cache: &KvCache, sinks: usize) -> Self {
+        DecodeEviction {
+            rule,
+            state: Box::new(Recent { sinks }),
+            pending: vec![None; cache.geometry().layers],
+            steps: 0,
+            ticks: 0,
+            evicted: 0,
+            recompress: Some(recompressor),
+        }
+    }
+
+    /// Compressions of the whole cache run while decoding ([`DecodeRule::Recompress`]).
+    pub fn recompressions(&self) -> usize {
+        self.recompress.as_ref().map_or(0, |r| r.compressions)
+    }
+
+    /// Before a decode step: compresses the cache back to the budget when the recompression
+    /// interval has passed.
+    pub(crate) async fn before_step(&mut self, model: &kvslice_model::Llama, cache: &mut KvCache) -> Result<()> {
+        if let Some(r) = self.recompress.as_mut().filter(|r| r.due()) {
+            self.evicted += r.compress(model, cache).await?;
+        }
+        Ok(())
+    }
+
+    /// A decode step went through every layer.
+    pub(crate) fn after_step(&mut self) {
+        if let Some(r) = &mut self.recompress {
+            r.stepped();
+        }
     }
 
     pub fn rule(&self) -> &DecodeRule {
@@ -524,6 +565,9 @@ impl KvStore for EvictingStore<'_> {
     fn observe_queries(&mut self, layer: usize, rotated: &Tensor<3>, _raw: &Tensor<3>) -> kvslice_cache::Result<()> {
         if rotated.dims()[1] != 1 {
             return Ok(());
+        }
+        if let Some(r) = &mut self.eviction.recompress {
+            r.record(layer, rotated);
         }
         if layer == 0 {
             self.eviction.ticks += 1;

@@ -10,7 +10,7 @@
 //! Decode-time policies (StreamingLLM, H2O, TOVA, LaCache) keep the cache at its budget while
 //! decoding: a new token takes the slot of the entry the policy evicts ([`DecodeEviction`]).
 //! The other policies evict once, after the prefill, and the cache grows by the generated
-//! tokens.
+//! tokens, unless asked to recompress every N decode steps (`every=N`, [`recompress`]).
 
 mod attention;
 #[cfg(not(target_family = "wasm"))]
@@ -18,6 +18,7 @@ pub(crate) mod cascade;
 mod compress;
 mod decode;
 pub mod observe;
+mod recompress;
 
 pub use compress::{Compression, CompressionReport, compress, compress_cache, value_proj_l1};
 pub use decode::DecodeEviction;

@@ -56,6 +56,9 @@ pub struct StatsRequest {
     pub leverage: bool,
     /// TwinKV's best-twin similarity and position.
     pub twins: bool,
+    /// The last this many queries of each layer (after RoPE), kept on the device: the first
+    /// observation window of decode-time recompression.
+    pub tail_queries: usize,
 }
 
 impl StatsRequest {
@@ -113,6 +116,8 @@ pub(crate) struct LayerTensors {
     moments: Option<(Tensor<2>, Tensor<3>)>,
     /// `[H_kv, n]` best-twin similarity and its position (as f32).
     twins: Option<(Tensor<2>, Tensor<2>)>,
+    /// `[H, t, d]`: the last `t` queries after RoPE ([`StatsRequest::tail_queries`]).
+    tail_queries: Option<Tensor<3>>,
 }
 
 /// Statistics of every layer, on the device.
@@ -133,6 +138,9 @@ pub struct HostLayerStats {
     /// One entry per requested window (the optional tables filled as requested).
     pub windows: Vec<WindowStats>,
     pub moments: Option<QueryMoments>,
+    /// `[H, t, d]`, left on the device: the prompt's last queries after RoPE, when requested
+    /// ([`StatsRequest::tail_queries`]).
+    pub tail_queries: Option<Tensor<3>>,
 }
 
 impl HostLayerStats {
@@ -227,7 +235,7 @@ impl Observations {
                 }),
                 None => None,
             };
-            out.push(HostLayerStats { windows, moments });
+            out.push(HostLayerStats { windows, moments, tail_queries: layer.tail_queries.clone() });
         }
         Ok(out)
     }
@@ -335,7 +343,10 @@ fn compute(
     let windows = request
         .windows
         .iter()
-        .map(|&w| window_tensors_via(route, rotated, kv, w.min(n), request))
+        .map(|&w| {
+            let w = w.min(n);
+            window_tensors_via(route, rotated.clone().narrow(1, n - w, w), n, kv, request)
+        })
         .collect::<std::result::Result<_, _>>()?;
     Ok(LayerTensors {
         windows,
@@ -343,24 +354,33 @@ fn compute(
         counter_causal: counter_causal.then(|| column_sums(rotated, keys, Direction::CounterCausal)),
         moments: request.query_moments_skip.filter(|&s| s < n).map(|skip| moments(raw, skip)),
         twins: request.twins.then(|| twins(keys)),
+        tail_queries: tail_queries(rotated, request.tail_queries),
     })
 }
 
-/// The window statistics of the last `w` queries through `route`.
+/// `[H, t, d]`: the last `t` (at most all) of `rotated`'s queries; `None` for `t == 0`.
+pub(crate) fn tail_queries(rotated: &Tensor<3>, t: usize) -> Option<Tensor<3>> {
+    let n = rotated.dims()[1];
+    let t = t.min(n);
+    (t > 0).then(|| rotated.clone().narrow(1, n - t, t))
+}
+
+/// The window statistics of the window queries `qw` (`[H, w, d]`, the queries of the last `w`
+/// of `n` keys) through `route`.
 fn window_tensors_via(
     route: Route,
-    q: &Tensor<3>,
+    qw: Tensor<3>,
+    n: usize,
     kv: Kv<'_>,
-    w: usize,
     request: &StatsRequest,
 ) -> std::result::Result<WindowTensors, kvslice_kernels::KernelError> {
     match route {
-        Route::BurnOps => return Ok(window_tensors(q, kv.keys, kv.values, w, request)),
-        Route::Kernel => return kernel_window_tensors(q, kv, w, request),
+        Route::BurnOps => return Ok(window_tensors(qw, kv.keys, kv.values, n, request)),
+        Route::Kernel => return kernel_window_tensors(qw, kv, n, request),
         Route::Auto => {}
     }
-    if kvslice_kernels::buffer_id(q).is_some() {
-        match kernel_window_tensors(q, kv, w, request) {
+    if kvslice_kernels::buffer_id(&qw).is_some() {
+        match kernel_window_tensors(qw.clone(), kv, n, request) {
             Ok(t) => return Ok(t),
             Err(e) => {
                 static FALLBACK: Once = Once::new();
@@ -368,22 +388,21 @@ fn window_tensors_via(
             }
         }
     }
-    Ok(window_tensors(q, kv.keys, kv.values, w, request))
+    Ok(window_tensors(qw, kv.keys, kv.values, n, request))
 }
 
 /// [`window_tensors`] from the window-statistics kernel: no `[H, w, n]` tensor is built.
 fn kernel_window_tensors(
-    q: &Tensor<3>,
+    qw: Tensor<3>,
     kv: Kv<'_>,
-    w: usize,
+    n: usize,
     request: &StatsRequest,
 ) -> std::result::Result<WindowTensors, kvslice_kernels::KernelError> {
-    let n = q.dims()[1];
+    let w = qw.dims()[1];
     let (keys, values) = kv.storage.unwrap_or((kv.keys, kv.values));
     let jacobian = request.jacobian || request.leverage;
     let want =
         kvslice_kernels::StatsRequest { value_norm: request.value_weighted, projection: request.projection, jacobian };
-    let qw = q.clone().narrow(1, n - w, w);
     let s = kvslice_kernels::window_stats(&qw, keys, values, n, want)?;
     let leverage = s.jacobian.as_ref().filter(|_| request.leverage).map(|j| leverage(kv.keys, j));
     Ok(WindowTensors {
@@ -434,18 +453,17 @@ enum Direction {
 }
 
 fn window_tensors(
-    q: &Tensor<3>,
+    qw: Tensor<3>,
     keys: &Tensor<3>,
     values: &Tensor<3>,
-    w: usize,
+    n: usize,
     request: &StatsRequest,
 ) -> WindowTensors {
     let (value_weighted, projection) = (request.value_weighted, request.projection);
     let jacobian = request.jacobian || request.leverage;
-    let [heads, n, _] = q.dims();
-    let device = q.device();
+    let [heads, w, _] = qw.dims();
+    let device = qw.device();
     let first = n - w;
-    let qw = q.clone().narrow(1, first, w);
     let a = softmax(scores(qw, keys) + mask(first, w, n, Direction::Causal, &device), 2); // [H, w, n]
     let mean3 = a.clone().mean_dim(1); // [H, 1, n]
     let var = if w > 1 {
@@ -566,6 +584,45 @@ fn moments(raw: &Tensor<3>, skip: usize) -> (Tensor<2>, Tensor<3>) {
     let c = x - mean.clone();
     let cov = c.clone().swap_dims(1, 2).matmul(c).div_scalar((n - skip) as f64);
     (mean.reshape([heads, d]), cov)
+}
+
+/// Window statistics of decode queries over a layer's compacted cache, for decode-time
+/// recompression: `qw` (`[H, w, d]`, after RoPE) are the queries of the tokens in the last `w`
+/// slots of every head, in order, and every head of `layer` holds the same number `n` of entries
+/// in ascending position order, so that slot order is causal order: query `i` sees slots
+/// `0..=n−w+i`. The statistics are those of a prompt of `n` tokens whose window is the last
+/// `w` (only the window tables `request` asks for; no accumulated, counter-causal, moment or
+/// twin tables).
+pub(crate) async fn decode_window_stats(
+    qw: Tensor<3>,
+    layer: &LayerKv,
+    request: &StatsRequest,
+) -> Result<HostLayerStats> {
+    let [heads, w, d] = qw.dims();
+    let n = layer.max_len();
+    if layer.lens().iter().any(|&l| l != n) || w == 0 || w > n {
+        return Err(crate::error::RuntimeError::Options(format!(
+            "decode statistics need {w} queries over heads of one length (lengths {:?})",
+            layer.lens()
+        )));
+    }
+    let (keys, values) = layer.view();
+    let kv = Kv { keys: &keys, values: &values, storage: Some(layer.storage()) };
+    let windows = request
+        .windows
+        .iter()
+        .map(|_| window_tensors_via(Route::Auto, qw.clone(), n, kv, request))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| crate::error::RuntimeError::Device(format!("window-statistics kernel: {e}")))?;
+    let obs = Observations {
+        layers: vec![LayerTensors { windows, ..LayerTensors::default() }],
+        compute_seconds: 0.0,
+        heads,
+        kv_heads: layer.lens().len(),
+        head_dim: d,
+        len: n,
+    };
+    Ok(obs.read().await?.remove(0))
 }
 
 /// The statistics the recorder computes for one layer, from that layer's queries (`[heads, n,
