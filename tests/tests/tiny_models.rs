@@ -102,12 +102,14 @@ fn shapes_that_disagree_with_the_config_are_errors() {
     json["intermediate_size"] = serde_json::json!(256);
     let config = ModelConfig::from_hf_json(json.to_string().as_bytes()).unwrap();
     let shards = vec![("model.safetensors".to_string(), std::fs::read(dir.join("model.safetensors")).unwrap())];
-    let err = SafetensorsWeights::new(config, shards).err().expect("shape mismatch must be refused");
+    let Err(err) = SafetensorsWeights::new(config, shards) else { panic!("shape mismatch must be refused") };
     let msg = err.to_string();
     assert!(msg.contains("mlp") && msg.contains("256"), "{msg}");
     // An unknown architecture.
     json["model_type"] = serde_json::json!("gpt_neox");
     json["architectures"] = serde_json::json!(["GPTNeoXForCausalLM"]);
-    let err = ModelConfig::from_hf_json(json.to_string().as_bytes()).err().expect("unknown architecture refused");
+    let Err(err) = ModelConfig::from_hf_json(json.to_string().as_bytes()) else {
+        panic!("unknown architecture refused")
+    };
     assert!(err.to_string().to_lowercase().contains("gpt"), "{err}");
 }

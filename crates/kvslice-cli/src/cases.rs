@@ -34,7 +34,7 @@ pub struct CasesArgs {
 }
 
 pub fn run(args: CasesArgs) -> Result<()> {
-    if args.tokens.iter().any(|&t| t == 0) {
+    if args.tokens.contains(&0) {
         bail!("--tokens: every length must be positive");
     }
     if let Some(d) = args.depths.iter().find(|&&d| d > 100) {

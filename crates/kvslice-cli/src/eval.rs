@@ -14,6 +14,9 @@ use kvslice_runtime::{Compression, GenerateOptions, Generator, Session, StatsReq
 
 use crate::ModelArgs;
 
+/// Kept source positions, `[layer][kv_head]`.
+type KeptPositions = Vec<Vec<Vec<u32>>>;
+
 #[derive(clap::Args, Clone)]
 pub struct EvalArgs {
     #[command(flatten)]
@@ -106,7 +109,8 @@ pub fn run(args: EvalArgs, verbose: bool) -> Result<()> {
     let stop = loaded.stop_tokens();
     let mut report = Report::default();
     let mut timing = Timing::default();
-    let mut heatmaps: Vec<(String, Vec<Vec<Vec<u32>>>, usize)> = Vec::new();
+    // (label, kept positions `[layer][kv_head]`, prompt length)
+    let mut heatmaps: Vec<(String, KeptPositions, usize)> = Vec::new();
     let wanted_heatmaps: Vec<String> = if args.heatmap.is_empty() {
         let last = args.budget.last().map(|b| format!("@{b}")).unwrap_or_default();
         compressions.iter().map(Compression::label).filter(|l| l.ends_with(&last)).collect()

@@ -318,6 +318,9 @@ impl Llama {
     }
 }
 
+// One short-lived value per attention call, never stored in bulk: boxing the tensor would only
+// add an allocation.
+#[allow(clippy::large_enum_variant)]
 enum Mask {
     /// Every query sees every slot `0..len` of every head.
     None,

@@ -30,7 +30,7 @@ pub fn inv_freq(config: &LlamaConfig) -> Vec<f32> {
                     let f = f as f64;
                     let wavelen = 2.0 * std::f64::consts::PI / f;
                     let scaled = if wavelen > low_wavelen { f / factor } else { f };
-                    let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+                    let medium = wavelen >= high_wavelen && wavelen <= low_wavelen;
                     if medium {
                         let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
                         ((1.0 - smooth) * scaled / factor + smooth * scaled) as f32

@@ -143,10 +143,10 @@ pub async fn init_device(choice: DeviceChoice) -> Result<(Device, DeviceInfo)> {
     // On Linux, Vulkan is the API every driver (lavapipe included) offers; probing the others
     // first only prints EGL/Wayland noise. Fall back to wgpu's own choice when it is absent.
     #[cfg(target_os = "linux")]
-    if choice == DeviceChoice::Wgpu {
-        if let Ok(found) = Box::pin(init_device(DeviceChoice::WgpuApi(GraphicsApi::Vulkan))).await {
-            return Ok(found);
-        }
+    if choice == DeviceChoice::Wgpu
+        && let Ok(found) = Box::pin(init_device(DeviceChoice::WgpuApi(GraphicsApi::Vulkan))).await
+    {
+        return Ok(found);
     }
     match choice {
         DeviceChoice::Auto => match Box::pin(init_device(DeviceChoice::Wgpu)).await {
@@ -196,7 +196,7 @@ pub async fn init_device(choice: DeviceChoice) -> Result<(Device, DeviceInfo)> {
                     backend: format!("{:?}", info.backend),
                     device_type: format!("{:?}", info.device_type),
                     driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
-                    max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size as u64,
+                    max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
                     max_buffer_size: limits.max_buffer_size,
                 },
             );

@@ -60,10 +60,10 @@ impl LoadedModel {
     /// Tokens that end a generation: the config's EOS ids and the tokenizer's.
     pub fn stop_tokens(&self) -> Vec<u32> {
         let mut stop = self.model.config.eos_token_ids.clone();
-        if let Some(e) = self.tokenizer.eos_token_id() {
-            if !stop.contains(&e) {
-                stop.push(e);
-            }
+        if let Some(e) = self.tokenizer.eos_token_id()
+            && !stop.contains(&e)
+        {
+            stop.push(e);
         }
         stop
     }

@@ -183,7 +183,7 @@ impl Recompressor {
             let g = cache.geometry();
             let input = LayerInput {
                 stats: window,
-                kv: (needs.keys || needs.values).then(|| KvView {
+                kv: (needs.keys || needs.values).then_some(KvView {
                     kv_heads: g.kv_heads,
                     len: n,
                     head_dim: g.head_dim,
