@@ -160,7 +160,12 @@ fn parse_nodes(src: &str) -> Result<Vec<Node>> {
         if !text.is_empty() {
             nodes.push(Node::Text(text.to_string()));
         }
-        let end = tail.find(close).ok_or_else(|| unsupported(format!("unclosed {open}")))?;
+        // the closing tag is searched after the opening one (and its `-`): in `{%}` the `%}`
+        // overlapping the opening tag closes nothing
+        let end = tail[body_start..]
+            .find(close)
+            .map(|i| i + body_start)
+            .ok_or_else(|| unsupported(format!("unclosed {open}")))?;
         let mut body = &tail[body_start..end];
         trim_next = body.ends_with('-');
         if trim_next {
@@ -275,6 +280,12 @@ mod tests {
             "hello",
             "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}",
             "{{ 'unterminated }}",
+            // a closing tag overlapping the opening one closes nothing (these panicked)
+            "{%}",
+            "{#}",
+            "{%-}",
+            "text {#} more {% endfor %}",
+            "{{-}",
         ] {
             assert!(matches!(ChatTemplate::parse(src), Err(FormatError::UnsupportedChatTemplate { .. })), "{src}");
         }

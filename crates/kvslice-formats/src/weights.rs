@@ -74,14 +74,18 @@ pub fn gguf_name(canonical: &str) -> Option<String> {
     Some(format!("blk.{layer}.{g}"))
 }
 
-/// Every tensor the configuration needs, with its HF-layout shape.
-pub fn expected_tensors(cfg: &ModelConfig) -> Vec<ExpectedTensor> {
+/// Every tensor the configuration needs, with its HF-layout shape, in file order (embedding,
+/// layer by layer, final norm, output head). Lazy: a header that claims millions of layers costs
+/// nothing until a tensor is found missing (the first check stops there).
+pub fn expected_tensors(cfg: &ModelConfig) -> impl Iterator<Item = ExpectedTensor> + use<> {
     let h = cfg.hidden_size;
     let q = cfg.num_attention_heads * cfg.head_dim;
     let kv = cfg.num_key_value_heads * cfg.head_dim;
     let i = cfg.intermediate_size;
-    let mut out = vec![ExpectedTensor { name: EMBED_TOKENS.into(), shape: vec![cfg.vocab_size, h] }];
-    for l in 0..cfg.num_hidden_layers {
+    let (qkv_bias, out_bias, mlp_bias) = (cfg.attention_qkv_bias, cfg.attention_out_bias, cfg.mlp_bias);
+    let embed = ExpectedTensor { name: EMBED_TOKENS.into(), shape: vec![cfg.vocab_size, h] };
+    let layers = (0..cfg.num_hidden_layers).flat_map(move |l| {
+        let mut out = Vec::with_capacity(16);
         let mut push =
             |suffix: &str, shape: Vec<usize>| out.push(ExpectedTensor { name: layer_tensor(l, suffix), shape });
         push("input_layernorm.weight", vec![h]);
@@ -89,29 +93,29 @@ pub fn expected_tensors(cfg: &ModelConfig) -> Vec<ExpectedTensor> {
         push("self_attn.k_proj.weight", vec![kv, h]);
         push("self_attn.v_proj.weight", vec![kv, h]);
         push("self_attn.o_proj.weight", vec![h, q]);
-        if cfg.attention_qkv_bias {
+        if qkv_bias {
             push("self_attn.q_proj.bias", vec![q]);
             push("self_attn.k_proj.bias", vec![kv]);
             push("self_attn.v_proj.bias", vec![kv]);
         }
-        if cfg.attention_out_bias {
+        if out_bias {
             push("self_attn.o_proj.bias", vec![h]);
         }
         push("post_attention_layernorm.weight", vec![h]);
         push("mlp.gate_proj.weight", vec![i, h]);
         push("mlp.up_proj.weight", vec![i, h]);
         push("mlp.down_proj.weight", vec![h, i]);
-        if cfg.mlp_bias {
+        if mlp_bias {
             push("mlp.gate_proj.bias", vec![i]);
             push("mlp.up_proj.bias", vec![i]);
             push("mlp.down_proj.bias", vec![h]);
         }
-    }
-    out.push(ExpectedTensor { name: FINAL_NORM.into(), shape: vec![h] });
-    if !cfg.tie_word_embeddings {
-        out.push(ExpectedTensor { name: LM_HEAD.into(), shape: vec![cfg.vocab_size, h] });
-    }
-    out
+        out
+    });
+    let norm = ExpectedTensor { name: FINAL_NORM.into(), shape: vec![h] };
+    let head =
+        (!cfg.tie_word_embeddings).then(|| ExpectedTensor { name: LM_HEAD.into(), shape: vec![cfg.vocab_size, h] });
+    std::iter::once(embed).chain(layers).chain(std::iter::once(norm)).chain(head)
 }
 
 /// A source of model weights under canonical names.

@@ -271,6 +271,16 @@ fn hand_built_llama_errors() {
         }
         other => panic!("{other:?}"),
     }
+    // A header claiming 2^24 layers over a 1-layer file: the first missing tensor is reported
+    // (before, the full list of 150 M expected tensors was built first: 15–20 GB).
+    let mut b = tiny_llama(&[], "", 6);
+    let key = b"llama.block_count";
+    let at = b.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 4; // after the value type
+    b[at..at + 4].copy_from_slice(&(1u32 << 24).to_le_bytes());
+    match GgufWeights::new(b) {
+        Err(FormatError::MissingTensor { tensor }) => assert_eq!(tensor, "model.layers.1.input_layernorm.weight"),
+        other => panic!("{other:?}"),
+    }
     let mut b = tiny_llama(&[], "", 6);
     let pos = b.windows(5).position(|w| w == b"llama").unwrap();
     b[pos..pos + 5].copy_from_slice(b"gptj_");

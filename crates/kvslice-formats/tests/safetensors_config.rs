@@ -72,7 +72,7 @@ fn legacy_keys_qwen2_and_mistral() {
     assert_eq!(c.architecture, Architecture::Qwen2);
     assert!(c.attention_qkv_bias && !c.attention_out_bias);
     assert_eq!((c.rope_theta, c.rope_scaling, c.sliding_window), (10000.0, None, None));
-    let names: Vec<String> = expected_tensors(&c).into_iter().map(|e| e.name).collect();
+    let names: Vec<String> = expected_tensors(&c).map(|e| e.name).collect();
     assert!(names.contains(&"model.layers.1.self_attn.k_proj.bias".to_string()));
     assert!(!names.contains(&"model.layers.1.self_attn.o_proj.bias".to_string()));
     assert!(!names.contains(&"lm_head.weight".to_string()));
@@ -126,7 +126,7 @@ fn shards(
     let dtypes = [Dtype::F32, Dtype::F16, Dtype::BF16];
     type Entry = (String, Vec<usize>, Dtype, Vec<u8>);
     let mut per: Vec<Vec<Entry>> = vec![vec![]; n_shards];
-    for (k, e) in expected_tensors(cfg).into_iter().enumerate() {
+    for (k, e) in expected_tensors(cfg).enumerate() {
         let (mut shape, mut dtype) = (e.shape.clone(), dtypes[k % 3]);
         tweak(&e.name, &mut shape, &mut dtype);
         let n: usize = shape.iter().product();
@@ -153,7 +153,7 @@ fn single_and_sharded_all_dtypes() {
     let cfg = ModelConfig::from_hf_json(LLAMA.as_bytes()).unwrap();
     for n in [1, 3] {
         let w = SafetensorsWeights::new(cfg.clone(), shards(&cfg, n, |_, _, _| {})).unwrap();
-        for (k, e) in expected_tensors(&cfg).into_iter().enumerate() {
+        for (k, e) in expected_tensors(&cfg).enumerate() {
             let t = w.load(&e.name).unwrap();
             assert_eq!(t.shape, e.shape, "{}", e.name);
             let want: Vec<f32> = (0..t.data.len()).map(|i| value(k, i)).collect();
