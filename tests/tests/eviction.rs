@@ -176,6 +176,29 @@ fn budget_past_the_prompt_keeps_everything_wgpu() {
     budget_past_the_prompt_keeps_everything(wgpu());
 }
 
+/// A prompt shorter than the policy's observation window (SnapKV's 64, CAKE's 32, Jacap's) is
+/// all window, which the policy always keeps: the whole cache and the full cache's tokens, at a
+/// budget the prompt exceeds (this was "window 64 not recorded").
+#[test]
+fn a_prompt_shorter_than_the_window_is_kept_whole() {
+    let device = cpu();
+    let model = tiny(&device);
+    let ids = prompt(20);
+    let want = pollster::block_on(async {
+        let mut g = Generator::prefill(&model, &ids, greedy(6), None).await?;
+        g.run().await.map(<[u32]>::to_vec)
+    })
+    .unwrap();
+    for (name, budget) in [("snapkv", "8"), ("snapkv", "10%"), ("cake", "8"), ("adakv-span", "25%"), ("jacap", "8")] {
+        let c = compression(&model, name, budget);
+        assert!(c.policy().needs().window > ids.len(), "{name}: the case needs a window longer than the prompt");
+        let (session, got, report) = generate(&model, &ids, &greedy(6), &c).unwrap();
+        assert_eq!(got, want, "{name}@{budget}");
+        assert_eq!(report.kept_entries, 20 * 3 * 2, "{name}@{budget}");
+        assert_eq!(session.position(), 20 + 5);
+    }
+}
+
 /// SnapKV at 50% of 150 tokens: 75 per head, the 64-token window among them; storage shrinks to
 /// the kept tokens plus room for the new ones; decoding continues at the prompt's positions.
 fn snapkv_keeps_its_budget(device: Device) {

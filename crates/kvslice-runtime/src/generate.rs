@@ -308,8 +308,9 @@ async fn compressed_prefill<'m>(
     max_new_tokens: usize,
     sampler: &mut Sampler,
 ) -> Result<(Session<'m>, u32, CompressionReport)> {
+    // (a prompt shorter than the observation window is kept whole by the one-shot path)
     #[cfg(not(target_family = "wasm"))]
-    if compression.cascades() {
+    if compression.cascades() && prompt.len() >= compression.policy().needs().window {
         let (cache, eviction, hidden, report) =
             crate::evict::cascade::prefill(compression, model, prompt, max_new_tokens)?;
         let session = Session::with_eviction(model, cache, prompt.len() as u32, eviction);

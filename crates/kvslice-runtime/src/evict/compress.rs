@@ -301,6 +301,9 @@ pub async fn compress(
     model: &Llama,
     max_new_tokens: usize,
 ) -> Result<(KvCache, Option<DecodeEviction>, CompressionReport)> {
+    if full.max_len() < compression.policy().needs().window {
+        return keep_whole(full, max_new_tokens);
+    }
     let t0 = now();
     let plan = compression.plan(stats, full, model).await?;
     let t1 = now();
@@ -326,6 +329,27 @@ pub async fn compress(
         compact_time: Duration::from_secs_f64(t2 - t1),
     };
     Ok((cache, eviction, report))
+}
+
+/// A prompt shorter than the policy's observation window is all window, which the policy always
+/// keeps: the whole cache, copied with room for the new tokens, growing while decoding.
+fn keep_whole(full: &KvCache, max_new_tokens: usize) -> Result<(KvCache, Option<DecodeEviction>, CompressionReport)> {
+    let g = full.geometry();
+    let n = full.max_len();
+    let kept: Vec<Vec<Vec<u32>>> = (0..g.layers).map(|_| vec![(0..n as u32).collect(); g.kv_heads]).collect();
+    let t0 = now();
+    let cache = compress_cache(full, &kept, max_new_tokens, 0)?;
+    let report = CompressionReport {
+        kept_entries: g.layers * g.kv_heads * n,
+        kept,
+        prompt_tokens: n,
+        full_bytes: g.layers * g.kv_heads * n * full.entry_bytes(),
+        compressed_bytes: cache.storage_bytes(),
+        peak_bytes: full.storage_bytes() + cache.storage_bytes(),
+        plan_time: Duration::ZERO,
+        compact_time: Duration::from_secs_f64(now() - t0),
+    };
+    Ok((cache, None, report))
 }
 
 /// Waits for the queued work on the cache's device, so that the phases are timed apart. Not in
