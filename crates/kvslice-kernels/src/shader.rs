@@ -15,6 +15,7 @@
 use burn::backend::wgpu::{KernelSource, SourceTemplate};
 use burn::cubecl::prelude::KernelId;
 
+#[cfg(not(target_family = "wasm"))]
 use crate::error::{KernelError, Result};
 
 /// Largest supported `head_dim` (workgroup tiles are sized for it).
