@@ -230,19 +230,8 @@ fn conformance(device: &str, json: bool) -> Result<()> {
     let results = pollster::block_on(kvslice_runtime::conformance::run_all(&device));
     let failed = results.iter().filter(|r| !r.passed()).count();
     if json {
-        let out: Vec<serde_json::Value> = results
-            .iter()
-            .map(|r| {
-                serde_json::json!({
-                    "kernel": r.kernel,
-                    "case": r.case,
-                    "passed": r.passed(),
-                    "failure": r.failure,
-                    "checked": r.checked,
-                })
-            })
-            .collect();
-        println!("{}", serde_json::Value::Array(out));
+        let out: Vec<_> = results.iter().map(|r| r.report()).collect();
+        println!("{}", serde_json::to_string(&out)?);
     } else {
         println!("{info}");
         for r in &results {

@@ -30,6 +30,27 @@ impl CaseResult {
     pub fn passed(&self) -> bool {
         self.failure.is_none()
     }
+
+    /// The case as the page and `kvslice conformance --json` report it.
+    pub fn report(&self) -> CaseReport<'_> {
+        CaseReport {
+            kernel: self.kernel,
+            case: &self.case,
+            passed: self.passed(),
+            failure: self.failure.as_deref(),
+            checked: self.checked,
+        }
+    }
+}
+
+/// One case in the suite's JSON report: `{kernel, case, passed, failure, checked}`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CaseReport<'a> {
+    pub kernel: &'a str,
+    pub case: &'a str,
+    pub passed: bool,
+    pub failure: Option<&'a str>,
+    pub checked: usize,
 }
 
 type Check = std::result::Result<usize, String>;

@@ -149,17 +149,6 @@ pub async fn generate(
 pub async fn run_conformance() -> Result<String, JsError> {
     let (device, _) = device()?;
     let results = kvslice_runtime::conformance::run_all(&device).await;
-    let out: Vec<serde_json::Value> = results
-        .iter()
-        .map(|r| {
-            serde_json::json!({
-                "kernel": r.kernel,
-                "case": r.case,
-                "passed": r.passed(),
-                "failure": r.failure,
-                "checked": r.checked,
-            })
-        })
-        .collect();
-    Ok(serde_json::Value::Array(out).to_string())
+    let out: Vec<_> = results.iter().map(|r| r.report()).collect();
+    serde_json::to_string(&out).map_err(|e| JsError::new(&e.to_string()))
 }
