@@ -135,6 +135,15 @@ fn generate<'m>(
     })
 }
 
+/// Greedy tokens with the whole cache kept: what a budget that evicts nothing must give.
+fn full_cache_tokens(model: &Llama, ids: &[u32], max_new_tokens: usize) -> Vec<u32> {
+    pollster::block_on(async {
+        let mut g = Generator::prefill(model, ids, greedy(max_new_tokens), None).await?;
+        g.run().await.map(<[u32]>::to_vec)
+    })
+    .unwrap()
+}
+
 fn compression(model: &Llama, name: &str, budget: &str) -> Compression {
     Compression::new(name, budget, &Compression::model_info(model)).unwrap()
 }
@@ -143,11 +152,7 @@ fn compression(model: &Llama, name: &str, budget: &str) -> Compression {
 fn budget_past_the_prompt_keeps_everything(device: Device) {
     let model = tiny(&device);
     let ids = prompt(150);
-    let want = pollster::block_on(async {
-        let mut g = Generator::prefill(&model, &ids, greedy(12), None).await?;
-        g.run().await.map(<[u32]>::to_vec)
-    })
-    .unwrap();
+    let want = full_cache_tokens(&model, &ids, 12);
     for (name, budget) in [
         ("snapkv", "100%"),
         ("h2o", "4096"),
@@ -184,11 +189,7 @@ fn a_prompt_shorter_than_the_window_is_kept_whole() {
     let device = cpu();
     let model = tiny(&device);
     let ids = prompt(20);
-    let want = pollster::block_on(async {
-        let mut g = Generator::prefill(&model, &ids, greedy(6), None).await?;
-        g.run().await.map(<[u32]>::to_vec)
-    })
-    .unwrap();
+    let want = full_cache_tokens(&model, &ids, 6);
     for (name, budget) in [("snapkv", "8"), ("snapkv", "10%"), ("cake", "8"), ("adakv-span", "25%"), ("jacap", "8")] {
         let c = compression(&model, name, budget);
         assert!(c.policy().needs().window > ids.len(), "{name}: the case needs a window longer than the prompt");
