@@ -454,6 +454,20 @@ pub trait KvStore {
     }
 }
 
+impl<S: KvStore + ?Sized> KvStore for &mut S {
+    fn append(&mut self, layer: usize, keys: Tensor<3>, values: Tensor<3>, positions: &[u32]) -> Result<()> {
+        (**self).append(layer, keys, values, positions)
+    }
+
+    fn layer(&self, layer: usize) -> Result<&LayerKv> {
+        (**self).layer(layer)
+    }
+
+    fn observe_queries(&mut self, layer: usize, rotated: &Tensor<3>, raw: &Tensor<3>) -> Result<()> {
+        (**self).observe_queries(layer, rotated, raw)
+    }
+}
+
 /// The KV cache of one sequence.
 #[derive(Debug, Clone)]
 pub struct KvCache {
@@ -535,6 +549,34 @@ impl KvCache {
     pub fn layer_mut(&mut self, layer: usize) -> Result<&mut LayerKv> {
         let layers = self.layers.len();
         self.layers.get_mut(layer).ok_or(CacheError::LayerOutOfRange { layer, layers })
+    }
+
+    /// Per layer, each head's length: a mark to cut the cache back to ([`KvCache::truncate`]).
+    pub fn lens_by_layer(&self) -> Vec<Vec<usize>> {
+        self.layers.iter().map(|l| l.lens.clone()).collect()
+    }
+
+    /// Cuts every head back to the length `lens` gives it (from [`KvCache::lens_by_layer`]),
+    /// forgetting the slots appended since: undoes appends, never evictions. Refuses a mark
+    /// of another shape or one longer than a head is now.
+    pub fn truncate(&mut self, lens: &[Vec<usize>]) -> Result<()> {
+        let fits = lens.len() == self.layers.len()
+            && self
+                .layers
+                .iter()
+                .zip(lens)
+                .all(|(l, to)| to.len() == l.kv_heads && l.lens.iter().zip(to).all(|(&now, &to)| to <= now));
+        if !fits {
+            return Err(CacheError::BadKeep { head: 0, reason: "truncation mark does not fit the cache".into() });
+        }
+        for (l, to) in self.layers.iter_mut().zip(lens) {
+            for (h, &len) in to.iter().enumerate() {
+                let at = h * l.capacity;
+                l.positions[at + len..at + l.lens[h]].fill(EMPTY_SLOT);
+                l.lens[h] = len;
+            }
+        }
+        Ok(())
     }
 
     /// Empties every head of every layer (storage is kept for reuse).

@@ -134,3 +134,30 @@ fn gather_write_and_compact_by_hand() {
     assert_eq!(&k[15..18], &[21., 22., 23.]);
     assert!(g.compact(&[vec![1, 0], vec![0]]).is_err());
 }
+
+#[test]
+fn truncation_undoes_appends_and_refuses_to_grow() {
+    let dev = device();
+    let mut cache = KvCache::new(geometry(), &dev).unwrap();
+    cache.append(0, rows(2, 2, 3, 0.0, &dev), rows(2, 2, 3, 100.0, &dev), &[0, 1]).unwrap();
+    let mark = cache.lens_by_layer();
+    assert_eq!(mark, vec![vec![2, 2], vec![0, 0]]);
+    cache.append(0, rows(2, 1, 3, 50.0, &dev), rows(2, 1, 3, 150.0, &dev), &[2]).unwrap();
+    cache.append(1, rows(2, 1, 3, 50.0, &dev), rows(2, 1, 3, 150.0, &dev), &[2]).unwrap();
+    cache.truncate(&mark).unwrap();
+    assert_eq!(cache.lens_by_layer(), mark);
+    let layer = cache.layer(0).unwrap();
+    assert_eq!(layer.head_positions(1), &[0, 1]);
+    assert_eq!(&layer.positions()[..4], &[0, 1, EMPTY_SLOT, EMPTY_SLOT]);
+    assert_eq!(cache.layer(1).unwrap().positions(), &[EMPTY_SLOT; 8]);
+    for layer in cache.layers() {
+        layer.check().unwrap();
+    }
+    // the same token again lands where it did before
+    cache.append(0, rows(2, 1, 3, 60.0, &dev), rows(2, 1, 3, 160.0, &dev), &[2]).unwrap();
+    assert_eq!(cache.layer(0).unwrap().head_positions(0), &[0, 1, 2]);
+    // a mark longer than the cache, or of another shape, is refused and changes nothing
+    assert!(cache.truncate(&[vec![4, 4], vec![0, 0]]).is_err());
+    assert!(cache.truncate(&[vec![0, 0]]).is_err());
+    assert_eq!(cache.lens_by_layer(), vec![vec![3, 3], vec![0, 0]]);
+}

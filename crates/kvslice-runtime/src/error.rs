@@ -17,6 +17,8 @@ pub enum RuntimeError {
     ContextOverflow { tokens: usize, new: usize, context: usize },
     #[error("invalid option: {0}")]
     Options(String),
+    #[error("session unusable: {0}")]
+    Unusable(String),
 }
 
 /// Result alias of this crate.

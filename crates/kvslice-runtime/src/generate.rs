@@ -328,28 +328,10 @@ mod tests {
     //! The loop against recomputation: every greedy token must be the argmax of the logits of
     //! the whole sequence so far fed to a fresh session (no cache reuse), on the tiny seeded
     //! model of `tests/golden/tiny/llama`.
-    use std::path::PathBuf;
-
-    use burn::tensor::Device;
-    use kvslice_formats::{HfTokenizerFiles, ModelConfig, SafetensorsWeights};
+    use kvslice_formats::HfTokenizerFiles;
 
     use super::*;
-
-    fn golden() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden")
-    }
-
-    fn tiny() -> Llama {
-        let dir = golden().join("tiny/llama");
-        let config = ModelConfig::from_hf_json(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
-        let shard = ("model.safetensors".to_string(), std::fs::read(dir.join("model.safetensors")).unwrap());
-        let weights = SafetensorsWeights::new(config, vec![shard]).unwrap();
-        kvslice_model::load::load_llama(&weights, &Device::flex()).unwrap()
-    }
-
-    fn prompt(n: usize) -> Vec<u32> {
-        (0..n as u32).map(|i| 3 + (i * 37 + 11) % 250).collect()
-    }
+    use crate::testing::{golden, prompt, tiny};
 
     /// The greedy token after `sequence`, from its full recomputation.
     fn recomputed(model: &Llama, sequence: &[u32]) -> u32 {

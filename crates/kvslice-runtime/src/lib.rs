@@ -17,6 +17,8 @@ pub mod loading;
 pub mod paths;
 pub mod sampling;
 pub mod session;
+#[cfg(test)]
+mod testing;
 
 pub use burn::tensor::Device;
 pub use device::{DeviceChoice, DeviceInfo, GraphicsApi, device_info, init_device};

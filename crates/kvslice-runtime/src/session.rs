@@ -4,7 +4,7 @@
 //! callers wrap it with `pollster::block_on` at the edge.
 
 use burn::tensor::{Int, Tensor, TensorData, Transaction};
-use kvslice_cache::{CacheGeometry, KvCache};
+use kvslice_cache::{CacheGeometry, KvCache, KvStore, LayerKv, Result as CacheResult};
 use kvslice_model::Llama;
 
 use crate::error::{Result, RuntimeError};
@@ -21,6 +21,9 @@ pub struct Session<'m> {
     next_position: u32,
     /// Decode-time eviction (fixed-size cache), when the compression's policy has one.
     eviction: Option<DecodeEviction>,
+    /// Why the session refuses to go on: a step failed after overwriting cache entries, which
+    /// cannot be undone ([`Session::reset`] clears it).
+    broken: Option<String>,
 }
 
 /// A prompt prefilled once with the statistics of a set of policies, ready to be compressed
@@ -49,12 +52,18 @@ impl<'m> Session<'m> {
         let c = &model.config;
         let capacity = capacity.min(c.max_position_embeddings);
         let geometry = CacheGeometry { layers: c.num_layers, kv_heads: c.num_kv_heads, head_dim: c.head_dim, capacity };
-        Ok(Self { model, cache: KvCache::new(geometry, model.device())?, next_position: 0, eviction: None })
+        Ok(Self {
+            model,
+            cache: KvCache::new(geometry, model.device())?,
+            next_position: 0,
+            eviction: None,
+            broken: None,
+        })
     }
 
     /// A session over an existing cache whose next token is at source position `next_position`.
     pub fn from_cache(model: &'m Llama, cache: KvCache, next_position: u32) -> Self {
-        Self { model, cache, next_position, eviction: None }
+        Self { model, cache, next_position, eviction: None, broken: None }
     }
 
     /// A session over a compressed cache whose decode-time rule keeps it at its size.
@@ -64,7 +73,7 @@ impl<'m> Session<'m> {
         next_position: u32,
         eviction: Option<DecodeEviction>,
     ) -> Self {
-        Self { model, cache, next_position, eviction }
+        Self { model, cache, next_position, eviction, broken: None }
     }
 
     /// Decode-time eviction state, when the session keeps a fixed-size cache.
@@ -154,11 +163,21 @@ impl<'m> Session<'m> {
     }
 
     /// Forgets the sequence and any decode-time eviction state; the cache storage is kept
-    /// (the cache then grows: a fresh sequence starts with nothing to evict).
+    /// (the cache then grows: a fresh sequence starts with nothing to evict). A session a failed
+    /// step left unusable is usable again.
     pub fn reset(&mut self) {
         self.cache.clear();
         self.next_position = 0;
         self.eviction = None;
+        self.broken = None;
+    }
+
+    /// Refuses a session that a failed step left unusable.
+    fn usable(&self) -> Result<()> {
+        match &self.broken {
+            None => Ok(()),
+            Some(reason) => Err(RuntimeError::Unusable(reason.clone())),
+        }
     }
 
     /// Refuses, before any work, `prompt` tokens followed by `new` generated ones that would
@@ -180,24 +199,55 @@ impl<'m> Session<'m> {
     }
 
     /// Feeds `tokens` and returns the hidden states `[n, hidden]` (device-resident).
+    ///
+    /// All or nothing: when the forward pass fails part-way (at a layer after others took the
+    /// tokens), the layers that appended are cut back and the position does not advance, so a
+    /// retry feeds the same tokens once. A failed decode step that had already overwritten
+    /// evicted entries cannot be undone: the session then refuses every further step with the
+    /// reason until [`Session::reset`].
     pub fn feed(&mut self, tokens: &[u32]) -> Result<Tensor<2>> {
+        self.feed_failing_at(tokens, None)
+    }
+
+    /// [`Session::feed`]; `fail_at`: a layer whose cache write fails (the failure-path tests).
+    fn feed_failing_at(&mut self, tokens: &[u32], fail_at: Option<usize>) -> Result<Tensor<2>> {
+        self.usable()?;
         self.check_room(tokens.len())?;
         let start = self.next_position;
         let positions: Vec<u32> = (start..start + tokens.len() as u32).collect();
-        let hidden = match &mut self.eviction {
+        let lens = self.cache.lens_by_layer();
+        let result = match &mut self.eviction {
             Some(eviction) if tokens.len() == 1 => {
-                let mut store = EvictingStore { cache: &mut self.cache, eviction };
+                let slots = slot_positions(&self.cache);
+                let mut store = FailAt { inner: EvictingStore { cache: &mut self.cache, eviction }, layer: fail_at };
                 let out = self.model.forward(tokens, &positions, &mut store);
                 match out {
                     Ok(_) => eviction.after_step(),
                     Err(_) => eviction.discard_pending(),
                 }
-                out?
+                // a step that failed before its first write changed nothing
+                out.map_err(|e| (e, slot_positions(&self.cache) == slots))
             }
-            _ => self.model.forward(tokens, &positions, &mut self.cache)?,
+            _ => {
+                let mut store = FailAt { inner: &mut self.cache, layer: fail_at };
+                self.model.forward(tokens, &positions, &mut store).map_err(|e| (e, true))
+            }
         };
-        self.next_position += tokens.len() as u32;
-        Ok(hidden)
+        match result {
+            Ok(hidden) => {
+                self.next_position += tokens.len() as u32;
+                Ok(hidden)
+            }
+            Err((e, appended_only)) => {
+                // Appends only add slots past each head's length: cutting the lengths back
+                // restores the cache exactly. Overwritten (evicted) entries are gone.
+                if !(appended_only && self.cache.truncate(&lens).is_ok()) {
+                    self.broken =
+                        Some(format!("a decode step failed after evicting cache entries ({e}); reset the session"));
+                }
+                Err(e.into())
+            }
+        }
     }
 
     /// The step primitive: feeds `tokens` (a prompt, a prompt chunk or the last generated
@@ -207,6 +257,7 @@ impl<'m> Session<'m> {
         if tokens.is_empty() {
             return Err(RuntimeError::Options("nothing to feed".into()));
         }
+        self.usable()?;
         self.before_step(tokens.len()).await?;
         let hidden = self.feed(tokens)?;
         self.absorb().await?;
@@ -282,6 +333,35 @@ impl<'m> Session<'m> {
     }
 }
 
+/// Every layer's slot positions: what a decode step's eviction changes.
+fn slot_positions(cache: &KvCache) -> Vec<Vec<u32>> {
+    cache.layers().iter().map(|l| l.positions().to_vec()).collect()
+}
+
+/// A store whose write at `layer` fails (none when `layer` is `None`): how the tests reach the
+/// failure paths of [`Session::feed`] that a device fault would take.
+struct FailAt<S> {
+    inner: S,
+    layer: Option<usize>,
+}
+
+impl<S: KvStore> KvStore for FailAt<S> {
+    fn append(&mut self, layer: usize, keys: Tensor<3>, values: Tensor<3>, positions: &[u32]) -> CacheResult<()> {
+        if self.layer == Some(layer) {
+            return Err(kvslice_cache::CacheError::Kernel(format!("write to layer {layer} failed")));
+        }
+        self.inner.append(layer, keys, values, positions)
+    }
+
+    fn layer(&self, layer: usize) -> CacheResult<&LayerKv> {
+        self.inner.layer(layer)
+    }
+
+    fn observe_queries(&mut self, layer: usize, rotated: &Tensor<3>, raw: &Tensor<3>) -> CacheResult<()> {
+        self.inner.observe_queries(layer, rotated, raw)
+    }
+}
+
 /// Whether `prompt` tokens after `used` ones, then `new` generated ones (all but the last fed),
 /// fit `model`'s context.
 pub(crate) fn fits_context(model: &Llama, used: usize, prompt: usize, new: usize) -> Result<()> {
@@ -290,5 +370,82 @@ pub(crate) fn fits_context(model: &Llama, used: usize, prompt: usize, new: usize
     match fed {
         Some(total) if total <= context => Ok(()),
         _ => Err(RuntimeError::ContextOverflow { tokens: used.saturating_add(prompt), new, context }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! A step that fails part-way through the layers leaves the session as it was (or, where
+    //! it cannot, refuses to go on); the reference is a session that never failed.
+    use kvslice_policy::DecodeRule;
+
+    use super::*;
+    use crate::testing::{prompt, tiny};
+
+    fn lens(session: &Session) -> Vec<Vec<usize>> {
+        session.cache().lens_by_layer()
+    }
+
+    #[test]
+    fn a_forward_that_fails_at_a_later_layer_leaves_the_session_unchanged() {
+        let model = tiny();
+        let ids = prompt(12);
+        let mut failed = Session::new(&model, 32).unwrap();
+        failed.feed(&ids[..10]).unwrap();
+        let before = lens(&failed);
+        // layers 0 and 1 append the two tokens, layer 2 fails
+        assert!(failed.feed_failing_at(&ids[10..], Some(2)).is_err());
+        assert_eq!(failed.position(), 10);
+        assert_eq!(lens(&failed), before);
+        // the retry feeds them once: the same logits as a session that never failed
+        let retried = pollster::block_on(failed.next_logits(&ids[10..])).unwrap();
+        let mut clean = Session::new(&model, 32).unwrap();
+        let expected = pollster::block_on(clean.next_logits(&ids)).unwrap();
+        assert_eq!(failed.position(), 12);
+        assert_eq!(lens(&failed), vec![vec![12, 12]; 3]);
+        let worst = retried.iter().zip(&expected).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(worst < 1e-4, "logits differ by {worst}");
+    }
+
+    #[test]
+    fn a_decode_step_that_fails_after_evicting_refuses_to_go_on_until_reset() {
+        let model = tiny();
+        let ids = prompt(9);
+        let mut session = Session::new(&model, 8).unwrap();
+        session.feed(&ids[..8]).unwrap();
+        session.eviction = DecodeEviction::new(DecodeRule::Recent { sinks: 1 }, session.cache(), Vec::new());
+        assert!(session.eviction.is_some());
+        // layers 0 and 1 overwrite their oldest entry after the sink, layer 2 fails: the
+        // evicted entries are gone, so the session cannot be put back
+        assert!(session.feed_failing_at(&ids[8..], Some(2)).is_err());
+        assert_eq!(session.position(), 8);
+        for attempt in [session.feed(&ids[8..]).err(), pollster::block_on(session.next_logits(&ids[8..])).err()] {
+            match attempt {
+                Some(RuntimeError::Unusable(reason)) => assert!(reason.contains("reset"), "{reason}"),
+                other => panic!("expected a refusal, got {other:?}"),
+            }
+        }
+        let mut sampler = Sampler::greedy();
+        assert!(matches!(pollster::block_on(session.step(&ids[8..], &mut sampler)), Err(RuntimeError::Unusable(_))));
+        session.reset();
+        session.feed(&ids[..4]).unwrap();
+        assert_eq!(session.position(), 4);
+    }
+
+    #[test]
+    fn a_decode_step_that_fails_before_any_write_is_retried_cleanly() {
+        let model = tiny();
+        let ids = prompt(9);
+        let mut session = Session::new(&model, 8).unwrap();
+        session.feed(&ids[..8]).unwrap();
+        session.eviction = DecodeEviction::new(DecodeRule::Recent { sinks: 1 }, session.cache(), Vec::new());
+        let positions = session.cache().layer(0).unwrap().positions().to_vec();
+        assert!(session.feed_failing_at(&ids[8..], Some(0)).is_err());
+        // nothing was written: the session goes on
+        assert_eq!(session.cache().layer(0).unwrap().positions(), &positions[..]);
+        session.feed(&ids[8..]).unwrap();
+        assert_eq!(session.position(), 9);
+        // StreamingLLM with one sink: position 1 made room for position 8
+        assert_eq!(session.cache().layer(2).unwrap().head_positions(0), &[0, 8, 2, 3, 4, 5, 6, 7]);
     }
 }
