@@ -37,6 +37,12 @@ impl Value {
     }
 }
 
+/// The state of one table walk: pages visited and payload bytes the file can still hold.
+struct Walk {
+    visited: usize,
+    payload_left: usize,
+}
+
 /// A database file's bytes with its validated header.
 pub struct Database<'a> {
     data: &'a [u8],
@@ -118,20 +124,25 @@ impl<'a> Database<'a> {
     }
 
     /// Walks the table b-tree rooted at `root` in rowid order, calling `row(rowid, values)`.
+    ///
+    /// Each byte of a table's payloads is stored once in the file, so the walk stops with an
+    /// error once the cells' payloads add up to more than the file: cell pointers that share a
+    /// cell, or overflow chains that share pages, cannot make a small file decode into rows many
+    /// times its size.
     pub fn for_each_row(&self, root: u64, mut row: impl FnMut(i64, Vec<Value>) -> Result<()>) -> Result<()> {
-        let mut visited = 0usize;
-        self.walk(root, 0, &mut visited, &mut row)
+        let mut walk = Walk { visited: 0, payload_left: self.data.len() };
+        self.walk(root, 0, &mut walk, &mut row)
     }
 
     fn walk(
         &self,
         n: u64,
         depth: usize,
-        visited: &mut usize,
+        walk: &mut Walk,
         row: &mut dyn FnMut(i64, Vec<Value>) -> Result<()>,
     ) -> Result<()> {
-        *visited += 1;
-        if depth > MAX_DEPTH || *visited > self.page_count {
+        walk.visited += 1;
+        if depth > MAX_DEPTH || walk.visited > self.page_count {
             return Err(bad("b-tree deeper than the file or with a cycle"));
         }
         let page = self.page(n)?;
@@ -153,29 +164,35 @@ impl<'a> Database<'a> {
             }
             if interior {
                 let child = be(page, off, 4)?;
-                self.walk(child, depth + 1, visited, row)?;
+                self.walk(child, depth + 1, walk, row)?;
             } else {
-                let (rowid, values) = self.leaf_cell(page, off)?;
+                let (rowid, values) = self.leaf_cell(page, off, &mut walk.payload_left)?;
                 row(rowid, values)?;
             }
         }
         if interior {
             let right = be(page, hdr + 8, 4)?;
-            self.walk(right, depth + 1, visited, row)?;
+            self.walk(right, depth + 1, walk, row)?;
         }
         Ok(())
     }
 
-    /// A table leaf cell at `off`: its rowid and decoded record.
-    fn leaf_cell(&self, page: &[u8], off: usize) -> Result<(i64, Vec<Value>)> {
+    /// A table leaf cell at `off`: its rowid and decoded record. `payload_left` is what the
+    /// walk's payloads may still add up to.
+    fn leaf_cell(&self, page: &[u8], off: usize, payload_left: &mut usize) -> Result<(i64, Vec<Value>)> {
         let page = &page[..self.usable];
         let (size, a) = read_varint(page, off)?;
         let (rowid, b) = read_varint(page, off + a)?;
         let start = off + a + b;
         let size = usize::try_from(size).map_err(|_| bad("payload size overflows"))?;
-        if size > self.data.len() {
-            return Err(bad(format!("payload of {size} bytes larger than the file")));
+        if size > *payload_left {
+            return Err(bad(format!(
+                "payload of {size} bytes: the table's payloads add up to more than the {}-byte file (shared cells \
+                 or overflow pages)",
+                self.data.len()
+            )));
         }
+        *payload_left -= size;
         let u = self.usable;
         let x = u - 35;
         let local = if size <= x {
@@ -410,6 +427,25 @@ mod tests {
             }
             let _ = Database::new(&broken).and_then(|d| d.rows("t"));
         }
+    }
+
+    /// Cell pointers sharing one cell and its overflow chain (tests/data/make_shared_cells.py):
+    /// 8 KiB that decoded into about 1 GB of values before the walk's payloads were bounded by
+    /// the file size (found by fuzzing).
+    #[test]
+    fn shared_cells_cannot_multiply_the_payload() {
+        let data = include_bytes!("../tests/data/shared-cells.db");
+        let db = Database::new(data).unwrap();
+        assert_eq!(db.columns("t").unwrap(), vec!["a"]);
+        let err = db.rows("t").unwrap_err().to_string();
+        assert!(err.contains("add up to more than the 8192-byte file"), "{err}");
+        let mut rows = 0;
+        let _ = db.for_each_row(2, |_, values| {
+            rows += 1;
+            assert_eq!(values.len(), 6583);
+            Ok(())
+        });
+        assert_eq!(rows, 1, "the first cell is read, the second one sharing its bytes is refused");
     }
 
     #[test]
