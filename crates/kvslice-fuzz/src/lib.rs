@@ -29,6 +29,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("gguf", gguf),
     ("gguf_tokenizer", gguf_tokenizer),
     ("chat_template", chat_template),
+    ("chat_encode", chat_encode),
     ("hf_config", hf_config),
     ("safetensors", safetensors),
     ("hf_tokenizer", hf_tokenizer),
@@ -147,31 +148,44 @@ fn tiny_tokenizer() -> &'static Tokenizer {
     })
 }
 
-/// A chat template and a conversation: the text up to the first NUL is the template, the NUL-
-/// separated pieces after it are role, content, role, content, ... The template is parsed and,
-/// when recognised, rendered and used by a tokenizer's `encode_chat`; the conversation is also
-/// encoded with the tiny tokenizer's own template.
-pub fn chat_template(data: &[u8]) {
+/// A chat template and a conversation from the bytes: the text up to the first NUL is the
+/// template, the NUL-separated pieces after it are role, content, role, content, ...
+fn template_and_messages(data: &[u8]) -> (String, Vec<ChatMessage>) {
     let text = String::from_utf8_lossy(data);
     let mut pieces = text.split('\0');
-    let src = pieces.next().unwrap_or_default();
+    let src = pieces.next().unwrap_or_default().to_string();
     let rest: Vec<&str> = pieces.collect();
-    let messages: Vec<ChatMessage> =
-        rest.chunks(2).map(|p| ChatMessage::new(p[0], p.get(1).copied().unwrap_or_default())).collect();
-    let tiny = tiny_tokenizer();
-    for gen_prompt in [false, true] {
-        let _ = tiny.encode_chat(&messages, gen_prompt);
-    }
-    let Ok(template) = ChatTemplate::parse(src) else { return };
+    let messages = rest.chunks(2).map(|p| ChatMessage::new(p[0], p.get(1).copied().unwrap_or_default())).collect();
+    (src, messages)
+}
+
+/// A chat template and a conversation (NUL-separated: template, role, content, ...): the
+/// template parsed and, when recognised, the conversation rendered whole and as segments.
+pub fn chat_template(data: &[u8]) {
+    let (src, messages) = template_and_messages(data);
+    let Ok(template) = ChatTemplate::parse(&src) else { return };
     for gen_prompt in [false, true] {
         let whole = template.render(&messages, gen_prompt);
         let segments: String = template.render_segments(&messages, gen_prompt).iter().map(|s| s.text).collect();
         assert_eq!(whole, segments, "render and render_segments disagree");
     }
+}
+
+/// A conversation encoded by `Tokenizer::encode_chat` (framed as for [`chat_template`]): with
+/// the tiny test tokenizer's own template, and with the fuzzed template when it is recognised.
+pub fn chat_encode(data: &[u8]) {
+    let (src, messages) = template_and_messages(data);
+    let tiny = tiny_tokenizer();
+    for gen_prompt in [false, true] {
+        let _ = tiny.encode_chat(&messages, gen_prompt);
+    }
+    if ChatTemplate::parse(&src).is_err() {
+        return;
+    }
     let files = HfTokenizerFiles {
         tokenizer_json: TINY_TOKENIZER_JSON,
         tokenizer_config_json: Some(TINY_TOKENIZER_CONFIG),
-        chat_template_jinja: Some(src),
+        chat_template_jinja: Some(&src),
     };
     if let Ok(tok) = Tokenizer::from_hf(files) {
         for gen_prompt in [false, true] {
