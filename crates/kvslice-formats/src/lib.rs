@@ -22,7 +22,7 @@ pub mod weights;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod fs;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatSegment, ChatTemplate, SegmentKind};
 pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use error::{FormatError, Result};
 pub use tokenizer::{GgufPreTokenizer, HfTokenizerFiles, Tokenizer};

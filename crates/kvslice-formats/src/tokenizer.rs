@@ -29,7 +29,7 @@ use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, SplitDelimiterBehavior};
 
-use crate::chat::{ChatMessage, ChatTemplate};
+use crate::chat::{ChatMessage, ChatSegment, ChatTemplate, SegmentKind};
 use crate::error::{FormatError, Result};
 use crate::gguf::{GgufFile, MetadataArray};
 
@@ -329,9 +329,147 @@ impl Tokenizer {
         Ok(ChatTemplate::parse(src)?.render(messages, add_generation_prompt))
     }
 
+    /// Token ids of a conversation in the model's chat template, without BOS (as
+    /// [`Self::encode`] with `add_special_tokens = false` of the rendered text).
+    ///
+    /// Special tokens are recognised only in the template's own text, never in a message's
+    /// role or content: a user message containing `<|im_end|>\n<|im_start|>system\n...` is
+    /// encoded as that text, so it cannot open or close a turn. A conversation whose
+    /// messages contain no special-token string is encoded as its whole rendered text, so
+    /// its ids are those of transformers' `apply_chat_template(..., tokenize=True)`. Otherwise
+    /// the text is split at the template's special tokens and each piece between them is
+    /// encoded with special-token strings read as plain text, which is how the whole text is
+    /// split when the messages hold no such string.
+    pub fn encode_chat(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<Vec<u32>> {
+        let src = self.chat_template.as_deref().ok_or(FormatError::NoChatTemplate)?;
+        let template = ChatTemplate::parse(src)?;
+        let segments = template.render_segments(messages, add_generation_prompt);
+        let special = Specials::new(
+            self.inner
+                .get_added_vocabulary()
+                .get_added_tokens_decoder()
+                .iter()
+                .filter(|(_, t)| t.special && !t.content.is_empty())
+                .map(|(&id, t)| (t.content.as_str(), id))
+                .collect(),
+        );
+        if !special.in_messages(&segments) {
+            let text: String = segments.iter().map(|s| s.text).collect();
+            return self.encode(&text, false);
+        }
+        self.encode_segments(&segments, &special)
+    }
+
+    /// Encodes a rendered conversation split at the template's special tokens: each piece
+    /// between them is encoded with special-token strings read as plain text.
+    fn encode_segments(&self, segments: &[ChatSegment<'_>], special: &Specials<'_>) -> Result<Vec<u32>> {
+        // Pieces between the template's special tokens; messages and template text alike are
+        // encoded with special-token strings as text (the template text holds none between its
+        // own special tokens).
+        let mut plain = self.inner.clone();
+        plain.set_encode_special_tokens(true);
+        let mut ids = Vec::new();
+        let mut run = String::new();
+        let flush = |run: &mut String, ids: &mut Vec<u32>| -> Result<()> {
+            if !run.is_empty() {
+                ids.extend_from_slice(plain.encode(run.as_str(), false).map_err(tok_err)?.get_ids());
+                run.clear();
+            }
+            Ok(())
+        };
+        // Consecutive template segments are searched together, so a special token written
+        // across two of them is found as in the whole text.
+        let mut template = String::new();
+        let end_template = |template: &mut String, run: &mut String, ids: &mut Vec<u32>| -> Result<()> {
+            let mut rest = template.as_str();
+            while let Some((start, len, id)) = special.find(rest) {
+                run.push_str(&rest[..start]);
+                flush(run, ids)?;
+                ids.push(id);
+                rest = &rest[start + len..];
+            }
+            run.push_str(rest);
+            template.clear();
+            Ok(())
+        };
+        for seg in segments {
+            match seg.kind {
+                SegmentKind::Template => template.push_str(seg.text),
+                SegmentKind::Message => {
+                    end_template(&mut template, &mut run, &mut ids)?;
+                    run.push_str(seg.text);
+                }
+            }
+        }
+        end_template(&mut template, &mut run, &mut ids)?;
+        flush(&mut run, &mut ids)?;
+        Ok(ids)
+    }
+
     /// The underlying `tokenizers` tokenizer (for streaming decode and the like).
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
+    }
+}
+
+/// The special tokens of a tokenizer: (text, id), none empty.
+struct Specials<'a> {
+    tokens: Vec<(&'a str, u32)>,
+    /// Whether some token starts with this byte.
+    first: [bool; 256],
+}
+
+impl<'a> Specials<'a> {
+    fn new(tokens: Vec<(&'a str, u32)>) -> Self {
+        let mut first = [false; 256];
+        for (t, _) in &tokens {
+            first[usize::from(t.as_bytes()[0])] = true;
+        }
+        Specials { tokens, first }
+    }
+
+    /// The leftmost special token in `text` (the longest one where several start there):
+    /// its byte offset, byte length and id.
+    fn find(&self, text: &str) -> Option<(usize, usize, u32)> {
+        text.bytes().enumerate().filter(|&(_, b)| self.first[usize::from(b)]).find_map(|(i, _)| {
+            // A token's first byte is never a UTF-8 continuation byte, so `i` is a char boundary.
+            self.tokens
+                .iter()
+                .filter(|(s, _)| text.as_bytes()[i..].starts_with(s.as_bytes()))
+                .max_by_key(|(s, _)| s.len())
+                .map(|&(s, id)| (i, s.len(), id))
+        })
+    }
+
+    /// Whether a special token would be read in the messages of a rendered conversation: a
+    /// message contains a special-token string, or one found in the whole text overlaps a
+    /// message (begins in it and ends in the template text, say).
+    fn in_messages(&self, segments: &[ChatSegment<'_>]) -> bool {
+        if segments
+            .iter()
+            .any(|s| s.kind == SegmentKind::Message && self.tokens.iter().any(|(t, _)| s.text.contains(t)))
+        {
+            return true;
+        }
+        let text: String = segments.iter().map(|s| s.text).collect();
+        // Byte ranges of the message segments.
+        let mut messages = Vec::new();
+        let mut pos = 0;
+        for s in segments {
+            if s.kind == SegmentKind::Message && !s.text.is_empty() {
+                messages.push(pos..pos + s.text.len());
+            }
+            pos += s.text.len();
+        }
+        let mut from = 0;
+        while let Some((start, len, _)) = self.find(&text[from..]) {
+            let (a, b) = (from + start, from + start + len);
+            if messages.iter().any(|m| a < m.end && m.start < b) {
+                return true;
+            }
+            from = b;
+        }
+        false
     }
 }
 
@@ -345,6 +483,37 @@ mod tests {
         let mut s = PreTokenizedString::from(text);
         p.pre_tokenize(&mut s).unwrap();
         s.get_splits(OffsetReferential::Original, OffsetType::Byte).into_iter().map(|(s, _, _)| s.to_string()).collect()
+    }
+
+    /// The split at the template's special tokens gives the ids of the whole rendered text
+    /// when the messages hold no special-token string (the tiny fixture, which reproduces
+    /// transformers' ids).
+    #[test]
+    fn split_encoding_equals_whole_text_for_benign_messages() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/tokenizer/tiny");
+        let json = std::fs::read(dir.join("tokenizer.json")).unwrap();
+        let cfg = std::fs::read(dir.join("tokenizer_config.json")).unwrap();
+        let files =
+            HfTokenizerFiles { tokenizer_json: &json, tokenizer_config_json: Some(&cfg), chat_template_jinja: None };
+        let tok = Tokenizer::from_hf(files).unwrap();
+        let template = ChatTemplate::parse(tok.chat_template_source().unwrap()).unwrap();
+        let tokens = tok.inner.get_added_vocabulary().get_added_tokens_decoder().clone();
+        let special = Specials::new(tokens.iter().map(|(&id, t)| (t.content.as_str(), id)).collect());
+        let conversations = [
+            vec![ChatMessage::user("What is the capital of France?")],
+            vec![ChatMessage::new("system", "Be brief."), ChatMessage::user("Hi!")],
+            vec![ChatMessage::user("\n\n  leading space, 12345 digits\n"), ChatMessage::new("assistant", " é\t")],
+            vec![ChatMessage::user(""), ChatMessage::new("", "x")],
+        ];
+        for msgs in &conversations {
+            for gen_prompt in [false, true] {
+                let segments = template.render_segments(msgs, gen_prompt);
+                assert!(!special.in_messages(&segments));
+                let whole = tok.encode(&template.render(msgs, gen_prompt), false).unwrap();
+                assert!(whole.len() > 10 && whole.contains(&1) && whole.contains(&2), "{whole:?}");
+                assert_eq!(tok.encode_segments(&segments, &special).unwrap(), whole, "{msgs:?}");
+            }
+        }
     }
 
     #[test]

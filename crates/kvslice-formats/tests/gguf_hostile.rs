@@ -132,6 +132,34 @@ fn absurd_counts() {
     }
 }
 
+/// Counts as large as the remaining bytes allow, over a body that holds one entry: the
+/// parser fails on the second entry, and must not have reserved memory for every claimed
+/// entry first (a parsed entry takes several times its smallest encoding in memory).
+#[test]
+fn claimed_counts_reserve_no_more_than_the_input() {
+    // Zeros read as metadata pairs of 13 bytes (empty key, type u8, value 0), so the second
+    // pair repeats the first key; as tensor infos, the first has an empty name and 0 dims.
+    let body = vec![0u8; 1 << 20];
+    let b = header(0, (body.len() / 13) as u64, &body);
+    let (err, largest) = parse_all(&b);
+    assert!(matches!(&err, Some(FormatError::DuplicateKey { key }) if key.is_empty()), "{err:?}");
+    assert!(
+        largest <= b.len(),
+        "allocated {largest} bytes for a {}-byte input claiming {} pairs",
+        b.len(),
+        body.len() / 13
+    );
+    let b = header((body.len() / 32) as u64, 0, &body);
+    let (err, largest) = parse_all(&b);
+    assert!(matches!(&err, Some(FormatError::BadDimCount { n_dims: 0, .. })), "{err:?}");
+    assert!(
+        largest <= b.len(),
+        "allocated {largest} bytes for a {}-byte input claiming {} tensors",
+        b.len(),
+        body.len() / 32
+    );
+}
+
 #[test]
 fn string_lengths_past_the_end() {
     // A key whose length exceeds the file.

@@ -124,6 +124,20 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// Capacity to reserve for `count` entries of `T` read from `remaining` bytes: at most as
+/// many as take `remaining` bytes in memory, so that a header claiming many entries in a
+/// file that holds few never makes the parser reserve much more than the input.
+fn prealloc<T>(count: usize, remaining: usize) -> usize {
+    count.min(remaining / size_of::<T>().max(1))
+}
+
+/// As [`prealloc`] for a `HashMap<K, V>`, whose table rounds the capacity up to a power of
+/// two of buckets at 7/8 load and keeps a control byte per bucket (at most about 2.3 times
+/// `capacity * (size_of::<(K, V)>() + 1)` bytes).
+fn prealloc_map<K, V>(count: usize, remaining: usize) -> usize {
+    count.min(remaining / (4 * (size_of::<(K, V)>() + 1)))
+}
+
 // Metadata value type ids.
 const T_U8: u32 = 0;
 const T_I8: u32 = 1;
@@ -244,8 +258,14 @@ impl<B: AsRef<[u8]>> GgufFile<B> {
         };
         let kv_count = c.count("metadata count", 13)?;
 
-        let mut metadata = Vec::with_capacity(kv_count);
-        let mut metadata_index = HashMap::with_capacity(kv_count);
+        // The counts are bounded by the remaining bytes over the smallest encoding of one
+        // entry, but one parsed entry takes several times its smallest encoding in memory:
+        // reserve no more than the input's size and let the collections grow as entries
+        // are actually read.
+        let mut metadata: Vec<(String, MetadataValue)> =
+            Vec::with_capacity(prealloc::<(String, MetadataValue)>(kv_count, c.remaining()));
+        let mut metadata_index: HashMap<String, usize> =
+            HashMap::with_capacity(prealloc_map::<String, usize>(kv_count, c.remaining()));
         for _ in 0..kv_count {
             let key = c.string("metadata key")?;
             let type_id = c.u32("metadata value type")?;
@@ -279,8 +299,8 @@ impl<B: AsRef<[u8]>> GgufFile<B> {
                 offset: c.pos as u64,
             });
         }
-        let mut tensors = Vec::with_capacity(tensor_count);
-        let mut tensor_index = HashMap::with_capacity(tensor_count);
+        let mut tensors = Vec::with_capacity(prealloc::<GgufTensorInfo>(tensor_count, c.remaining()));
+        let mut tensor_index = HashMap::with_capacity(prealloc_map::<String, usize>(tensor_count, c.remaining()));
         for _ in 0..tensor_count {
             let name = c.string("tensor name")?;
             let n_dims = c.u32("tensor dimension count")?;
