@@ -113,3 +113,121 @@ fn shapes_that_disagree_with_the_config_are_errors() {
     };
     assert!(err.to_string().to_lowercase().contains("gpt"), "{err}");
 }
+
+/// The tiny llama's weights under its own config with other RoPE scaling.
+fn with_rope_scaling(scaling: kvslice_formats::RopeScaling) -> SafetensorsWeights<Vec<u8>> {
+    let dir = golden_dir().join("tiny/llama");
+    let mut config = ModelConfig::from_hf_json(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    config.rope_scaling = Some(scaling);
+    let shards = vec![("model.safetensors".to_string(), std::fs::read(dir.join("model.safetensors")).unwrap())];
+    SafetensorsWeights::new(config, shards).unwrap()
+}
+
+#[test]
+fn rope_scaling_that_gives_nan_is_refused() {
+    use kvslice_formats::RopeScaling;
+    let llama3 = |factor: f32, low: f32, high: f32, original: usize| RopeScaling::Llama3 {
+        factor,
+        low_freq_factor: low,
+        high_freq_factor: high,
+        original_max_position_embeddings: original,
+    };
+    let bad = [
+        (llama3(0.0, 1.0, 4.0, 64), "factor"),
+        (llama3(-2.0, 1.0, 4.0, 64), "factor"),
+        (llama3(f32::NAN, 1.0, 4.0, 64), "factor"),
+        (llama3(f32::INFINITY, 1.0, 4.0, 64), "factor"),
+        (llama3(8.0, 0.0, 4.0, 64), "low_freq_factor"),
+        (llama3(8.0, 2.0, 2.0, 64), "high_freq_factor"),
+        (llama3(8.0, 4.0, 1.0, 64), "high_freq_factor"),
+        (llama3(8.0, 1.0, 4.0, 0), "original_max_position_embeddings"),
+        (RopeScaling::Linear { factor: 0.0 }, "factor"),
+        (RopeScaling::Linear { factor: f32::NAN }, "factor"),
+    ];
+    for (scaling, field) in bad {
+        let label = format!("{scaling:?}");
+        match load_llama(&with_rope_scaling(scaling), &cpu()) {
+            Err(kvslice_model::ModelError::Config(msg)) => {
+                assert!(msg.contains(&format!("rope_scaling.{field}")), "{label}: {msg}")
+            }
+            Err(e) => panic!("{label}: {e}"),
+            Ok(_) => panic!("{label} accepted"),
+        }
+    }
+    // The golden config's own factors (8, 1, 4, 64) and a plain linear factor load.
+    assert!(load_llama(&with_rope_scaling(llama3(8.0, 1.0, 4.0, 64)), &cpu()).is_ok());
+    assert!(load_llama(&with_rope_scaling(RopeScaling::Linear { factor: 2.0 }), &cpu()).is_ok());
+}
+
+/// Weights with one element replaced as they are read.
+struct Tampered<'a> {
+    inner: &'a dyn WeightSource,
+    tensor: &'static str,
+    elements: std::ops::Range<usize>,
+    value: f32,
+}
+
+impl WeightSource for Tampered<'_> {
+    fn config(&self) -> &ModelConfig {
+        self.inner.config()
+    }
+    fn shape(&self, canonical: &str) -> Option<Vec<usize>> {
+        self.inner.shape(canonical)
+    }
+    fn load(&self, canonical: &str) -> kvslice_formats::Result<kvslice_formats::weights::Tensor> {
+        let mut t = self.inner.load(canonical)?;
+        if canonical == self.tensor {
+            t.data[self.elements.clone()].fill(self.value);
+        }
+        Ok(t)
+    }
+}
+
+#[test]
+fn non_finite_weights_are_refused() {
+    let weights = hf_weights("llama");
+    for (tensor, index, value) in [
+        ("model.layers.1.mlp.down_proj.weight", 5, f32::NAN),
+        ("model.embed_tokens.weight", 300, f32::INFINITY),
+        ("lm_head.weight", 0, f32::NEG_INFINITY),
+    ] {
+        let tampered = Tampered { inner: &weights, tensor, elements: index..index + 1, value };
+        match load_llama(&tampered, &cpu()) {
+            Err(kvslice_model::ModelError::NonFinite { tensor: t, index: i, value: v }) => {
+                assert_eq!((t.as_str(), i), (tensor, index));
+                assert!(v.is_nan() == value.is_nan() && (v.is_nan() || v == value), "{v}");
+            }
+            Err(e) => panic!("{tensor}: {e}"),
+            Ok(_) => panic!("{tensor}: {value} accepted"),
+        }
+    }
+}
+
+/// A final norm of 3e38 (finite) overflows the logits to infinities and NaN: greedy and
+/// sampled steps return an error instead of a token (an argmax over NaN names token 0), and
+/// the session, whose cache took the token, refuses further steps.
+fn non_finite_logits(device: Device) {
+    use kvslice_runtime::{RuntimeError, Sampler};
+    let weights = hf_weights("llama");
+    let tampered = Tampered { inner: &weights, tensor: "model.norm.weight", elements: 0..64, value: 3e38 };
+    let model = load_llama(&tampered, &device).unwrap();
+    for mut sampler in [Sampler::greedy(), Sampler::new(0.8, 0.95, 7).unwrap()] {
+        let mut session = Session::new(&model, 8).unwrap();
+        match pollster::block_on(session.step(&[1, 17, 42, 99], &mut sampler)) {
+            Err(RuntimeError::NonFiniteLogits(msg)) => eprintln!("greedy {}: {msg}", sampler.is_greedy()),
+            other => panic!("greedy {}: {other:?}", sampler.is_greedy()),
+        }
+        let again = pollster::block_on(session.step(&[5], &mut sampler));
+        assert!(matches!(again, Err(RuntimeError::Unusable(_))), "{again:?}");
+    }
+}
+
+#[test]
+fn non_finite_logits_are_errors_cpu() {
+    non_finite_logits(cpu());
+}
+
+#[test]
+fn non_finite_logits_are_errors_wgpu() {
+    non_finite_logits(wgpu());
+}

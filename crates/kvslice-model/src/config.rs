@@ -99,7 +99,38 @@ impl LlamaConfig {
         if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
             return bad(format!("rope_theta {} out of range", self.rope_theta));
         }
-        Ok(())
+        self.validate_rope_scaling()
+    }
+
+    /// Scaling factors that would divide by zero, flip or NaN the frequencies are refused (HF
+    /// transformers only warns about some of them, then computes NaN logits).
+    fn validate_rope_scaling(&self) -> Result<()> {
+        let positive = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(ModelError::Config(format!("rope_scaling.{name} = {v} must be a finite number > 0")))
+            }
+        };
+        match self.rope_scaling {
+            RopeScaling::None => Ok(()),
+            RopeScaling::Linear { factor } => positive("factor", factor),
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+                positive("factor", factor)?;
+                positive("low_freq_factor", low_freq_factor)?;
+                positive("high_freq_factor", high_freq_factor)?;
+                if high_freq_factor <= low_freq_factor {
+                    return Err(ModelError::Config(format!(
+                        "rope_scaling.high_freq_factor {high_freq_factor} must exceed low_freq_factor \
+                         {low_freq_factor} (the smoothing between them divides by their difference)"
+                    )));
+                }
+                if original_max_position_embeddings == 0 {
+                    return Err(ModelError::Config("rope_scaling.original_max_position_embeddings is 0".into()));
+                }
+                Ok(())
+            }
+        }
     }
 
     /// Parameters of the model (for reports).

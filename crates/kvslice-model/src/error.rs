@@ -7,6 +7,8 @@ pub enum ModelError {
     Config(String),
     #[error("weight `{tensor}` has shape {got:?}, the config implies {expected:?}")]
     ShapeMismatch { tensor: String, expected: Vec<usize>, got: Vec<usize> },
+    #[error("weight `{tensor}` holds {value} at element {index}: the file is corrupt")]
+    NonFinite { tensor: String, index: usize, value: f32 },
     #[error("weight `{0}` is missing")]
     MissingTensor(String),
     #[error("invalid input: {0}")]

@@ -39,6 +39,10 @@ impl Loader<'_> {
                 got: vec![t.data.len()],
             });
         }
+        // NaN or infinite weights (an f16 NaN, a NaN block scale) would turn every logit NaN.
+        if let Some(index) = t.data.iter().position(|x| !x.is_finite()) {
+            return Err(ModelError::NonFinite { tensor: name.to_string(), index, value: t.data[index] });
+        }
         Ok(t)
     }
 

@@ -17,6 +17,8 @@ pub enum RuntimeError {
     ContextOverflow { tokens: usize, new: usize, context: usize },
     #[error("invalid option: {0}")]
     Options(String),
+    #[error("the model's logits are not finite ({0}): its weights or settings give NaN or infinity")]
+    NonFiniteLogits(String),
     #[error("session unusable: {0}")]
     Unusable(String),
 }

@@ -33,12 +33,12 @@ impl LoadedModel {
     }
 
     /// Token ids of a prompt. With `chat`, the text becomes one user message in the model's
-    /// chat template (with the assistant's turn opened); otherwise it is tokenized as is, with
-    /// a BOS only when the tokenizer's config asks for one.
+    /// chat template (with the assistant's turn opened), where special-token strings in the
+    /// text stay text (a user cannot close their turn or open a system one); otherwise it is
+    /// tokenized as is, with a BOS only when the tokenizer's config asks for one.
     pub fn encode_prompt(&self, text: &str, chat: bool) -> Result<Vec<u32>> {
         let ids = if chat {
-            let rendered = self.tokenizer.apply_chat_template(&[ChatMessage::user(text)], true)?;
-            self.tokenizer.encode(&rendered, false)?
+            self.tokenizer.encode_chat(&[ChatMessage::user(text)], true)?
         } else {
             self.tokenizer.encode(text, true)?
         };

@@ -260,8 +260,17 @@ impl<'m> Session<'m> {
         self.usable()?;
         self.before_step(tokens.len()).await?;
         let hidden = self.feed(tokens)?;
-        self.absorb().await?;
-        self.sample_last(hidden, sampler).await
+        // The cache holds the tokens now: a failure past this point cannot be undone by a
+        // retry (which would feed them twice).
+        let after = async {
+            self.absorb().await?;
+            self.sample_last(hidden, sampler).await
+        };
+        let token = after.await;
+        if let Err(e) = &token {
+            self.broken = Some(format!("a step failed after its tokens entered the cache ({e}); reset the session"));
+        }
+        token
     }
 
     /// Before a decode step of `n` tokens: the recompression that is due.
@@ -315,20 +324,30 @@ impl<'m> Session<'m> {
         }
         let n = hidden.dims()[0];
         let logits = read_f32(self.model.logits(hidden.narrow(0, n - 1, 1))).await?;
+        if let Some((i, x)) = logits.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+            return Err(RuntimeError::NonFiniteLogits(format!("logit {i} is {x}")));
+        }
         Ok(sampler.sample(&logits))
     }
 
-    /// The greedy token after the last row of `hidden` (`[n, hidden]`).
+    /// The greedy token after the last row of `hidden` (`[n, hidden]`). With it comes the
+    /// logits' sum, in the same read-back: an argmax over NaNs names a token all the same.
     async fn argmax_last(&self, hidden: Tensor<2>) -> Result<u32> {
         let n = hidden.dims()[0];
         let logits = self.model.logits(hidden.narrow(0, n - 1, 1)); // [1, vocab]
+        let sum = logits.clone().sum();
         let id = logits.argmax(1).reshape([1]);
         let data = Transaction::default()
             .register(id)
+            .register(sum)
             .execute_async()
             .await
             .map_err(|e| RuntimeError::Readback(format!("{e:?}")))?;
         let v = data[0].iter::<i64>().next().ok_or_else(|| RuntimeError::Readback("empty argmax".into()))?;
+        let sum = data[1].iter::<f32>().next().ok_or_else(|| RuntimeError::Readback("empty sum".into()))?;
+        if !sum.is_finite() {
+            return Err(RuntimeError::NonFiniteLogits(format!("their sum is {sum}")));
+        }
         Ok(v as u32)
     }
 }
