@@ -117,6 +117,16 @@ impl Tokenizer {
     /// Load an HF tokenizer (`tokenizer.json`, optionally `tokenizer_config.json` and
     /// `chat_template.jinja`).
     pub fn from_hf(files: HfTokenizerFiles<'_>) -> Result<Self> {
+        // `tokenizers` panics (`expect("Helper")` in its decoder's deserializer) where the
+        // `decoder` value is not valid JSON (bad syntax, invalid UTF-8 or a lone surrogate in a
+        // string) instead of returning the error: read that value first, as it would.
+        #[derive(serde::Deserialize)]
+        struct DecoderSection {
+            #[allow(dead_code)]
+            decoder: Option<serde_json::Value>,
+        }
+        serde_json::from_slice::<DecoderSection>(files.tokenizer_json)
+            .map_err(|e| tok_err(format!("tokenizer.json: {e}")))?;
         let inner = tokenizers::Tokenizer::from_bytes(files.tokenizer_json).map_err(tok_err)?;
         let config: serde_json::Value = match files.tokenizer_config_json {
             Some(b) => serde_json::from_slice(b).map_err(|e| tok_err(format!("tokenizer_config.json: {e}")))?,
