@@ -10,6 +10,9 @@
 #   FUZZ_MAX_TIME   stop each target after this many seconds even below EXECS (default: none)
 #   FUZZ_WORK       working corpus, logs and crash artifacts (default: fuzz/work, git-ignored)
 #   CARGO_TARGET_DIR  build folder (default: fuzz/target)
+#   FUZZ_SANITIZER  cargo fuzz's sanitizer (default: address; "none" runs the tokenizer targets
+#                   about fifteen times faster, with panics, timeouts and the memory limit still
+#                   caught)
 # Needs the nightly toolchain (rustup toolchain install nightly); installs cargo-fuzz if missing.
 set -euo pipefail
 
@@ -67,7 +70,7 @@ EOF
 if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked
 fi
-(cd "$ROOT/fuzz" && cargo +nightly fuzz build -O)
+(cd "$ROOT/fuzz" && cargo +nightly fuzz build -O -s "${FUZZ_SANITIZER:-address}")
 BIN=$CARGO_TARGET_DIR/x86_64-unknown-linux-gnu/release
 
 status=0
