@@ -231,3 +231,44 @@ fn non_finite_logits_are_errors_cpu() {
 fn non_finite_logits_are_errors_wgpu() {
     non_finite_logits(wgpu());
 }
+
+/// A prompt of 8,192 tokens (SmolLM2's whole context) through the tiny llama with its context
+/// raised to match, on wgpu and on the CPU backend: the attention takes its queries in chunks
+/// and builds each chunk's mask alone (a whole `[8192, 8192]` f32 mask is 256 MiB, twice
+/// WebGPU's default largest storage binding). The two devices give the same logits.
+#[test]
+fn a_prompt_of_the_whole_context_on_wgpu_matches_the_cpu() {
+    let dir = golden_dir().join("tiny/llama");
+    let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    json["max_position_embeddings"] = serde_json::json!(8192);
+    let config = ModelConfig::from_hf_json(json.to_string().as_bytes()).unwrap();
+    let shards = vec![("model.safetensors".to_string(), std::fs::read(dir.join("model.safetensors")).unwrap())];
+    let weights = SafetensorsWeights::new(config, shards).unwrap();
+    let n = 8192;
+    let tokens: Vec<u32> = (0..n).map(|i| 3 + ((i * 7919 + 13) % 250) as u32).collect();
+    let rows = [0, 1, 777, 1500, 4095, n - 2, n - 1];
+    let logits = |device: &Device, tokens: &[u32], rows: &[usize]| {
+        let model = load_llama(&weights, device).unwrap();
+        let mut session = Session::new(&model, tokens.len()).unwrap();
+        pollster::block_on(session.logits_at(tokens, rows)).unwrap()
+    };
+    let (on_cpu, on_wgpu) = (logits(&cpu(), &tokens, &rows), logits(&wgpu(), &tokens, &rows));
+    // Causality: rows 777 and 1500, whose queries the 8K prompt takes in its second and third
+    // chunks of 512, equal the last rows of their own prefixes (taken as one chunk each).
+    for (i, r) in [(2, 777), (3, 1500)] {
+        let alone = logits(&cpu(), &tokens[..=r], &[r]).pop().unwrap();
+        for (x, y) in alone.iter().zip(&on_cpu[i]) {
+            assert!((x - y).abs() < 1e-4 * x.abs().max(1.0), "row {r}: prefix {x} vs whole prompt {y}");
+        }
+    }
+    let mut worst = 0f32;
+    for (r, (a, b)) in rows.iter().zip(on_cpu.iter().zip(&on_wgpu)) {
+        assert!(a.iter().chain(b).all(|x| x.is_finite()), "row {r}");
+        for (x, y) in a.iter().zip(b) {
+            let d = (x - y).abs() / x.abs().max(1.0);
+            worst = worst.max(d);
+            assert!(d < 1e-3, "row {r}: cpu {x} vs wgpu {y}");
+        }
+    }
+    eprintln!("{n}-token prompt: worst relative difference cpu vs wgpu {worst:.1e}");
+}

@@ -12,8 +12,10 @@ use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::rope;
 
-/// Scores of one attention chunk are at most this many f32 values (256 MiB).
-const MAX_SCORE_ELEMS: usize = 64 << 20;
+/// Scores of one attention chunk are at most this many f32 values (64 MiB: half of WebGPU's
+/// default largest storage binding, so that a chunk's scores, mask and softmax fit on any
+/// adapter; chunks of this size keep the matrix products large enough to run at full speed).
+pub const MAX_SCORE_ELEMS: usize = 16 << 20;
 
 /// Root-mean-square layer norm: `x / sqrt(mean(x²) + eps) * weight`.
 #[derive(Module, Debug)]
@@ -285,10 +287,11 @@ impl Llama {
         }
         let (keys, values) = stored.view();
         let len = stored.max_len();
-        let mask = attention_mask(stored, positions, &self.device);
+        let visibility = Visibility::of(stored, positions);
 
         let scale = 1.0 / (d as f64).sqrt();
         let keys_t = keys.swap_dims(1, 2); // [kv_heads, d, len]
+        // Queries are taken in chunks of rows whose scores (and mask) fit in MAX_SCORE_ELEMS.
         let rows_per_chunk = (MAX_SCORE_ELEMS / (heads * len).max(1)).clamp(1, n);
         let mut outputs = Vec::with_capacity(n.div_ceil(rows_per_chunk));
         // [heads, n, d] → [kv_heads, group, n, d]: head h reads KV head h / group.
@@ -296,17 +299,23 @@ impl Llama {
         let mut start = 0;
         while start < n {
             let rows = rows_per_chunk.min(n - start);
+            // Slots past `seen` are hidden from every query of the chunk (the causal future of
+            // a prefill chunk): their scores are not computed.
+            let (seen, mask) = visibility.chunk(start, rows, &self.device);
             let qc = q.clone().narrow(2, start, rows).reshape([kv_heads, group * rows, d]);
-            let scores = qc.matmul(keys_t.clone()).mul_scalar(scale).reshape([kv_heads, group, rows, len]);
-            let scores = match &mask {
-                Mask::None => scores,
-                Mask::Additive(m) => {
-                    let mk = m.clone().narrow(1, start, rows); // [kv_heads | 1, rows, len]
-                    scores + mk.unsqueeze_dim::<4>(1)
-                }
+            let (kc, vc) = if seen < len {
+                (keys_t.clone().narrow(2, 0, seen), values.clone().narrow(1, 0, seen))
+            } else {
+                (keys_t.clone(), values.clone())
             };
-            let probs = softmax(scores, 3).reshape([kv_heads, group * rows, len]);
-            let out = probs.matmul(values.clone()).reshape([heads, rows, d]);
+            let scores = qc.matmul(kc).mul_scalar(scale).reshape([kv_heads, group, rows, seen]);
+            let scores = match mask {
+                None => scores,
+                // [kv_heads | 1, rows, seen]
+                Some(m) => scores + m.unsqueeze_dim::<4>(1),
+            };
+            let probs = softmax(scores, 3).reshape([kv_heads, group * rows, seen]);
+            let out = probs.matmul(vc).reshape([heads, rows, d]);
             outputs.push(out);
             start += rows;
         }
@@ -318,61 +327,91 @@ impl Llama {
     }
 }
 
-// One short-lived value per attention call, never stored in bulk: boxing the tensor would only
-// add an allocation.
-#[allow(clippy::large_enum_variant)]
-enum Mask {
+/// Which cached slots the queries at `positions` see: slot `s` of head `h` is visible when it
+/// is occupied and its source position is not after the query's. Masks are built one chunk of
+/// query rows at a time, never for the whole `[n, len]` at once.
+enum Visibility<'a> {
     /// Every query sees every slot `0..len` of every head.
-    None,
-    /// `[kv_heads | 1, n, len]`, 0 where visible and -inf where not.
-    Additive(Tensor<3>),
+    All { len: usize },
+    /// Each query sees a prefix of the slots (every head's slots in ascending source order:
+    /// true after prefill and after order-keeping compaction): `cutoffs[h * n + i]` slots for
+    /// query `i` in mask head `h`.
+    Prefix { mask_heads: usize, n: usize, len: usize, cutoffs: Vec<i32> },
+    /// Anything else: per-slot visibility, built on the host.
+    Slots { heads: Vec<&'a [u32]>, positions: &'a [u32], len: usize },
 }
 
-/// Visibility of cached slots for queries at `positions`: slot `s` of head `h` is visible when
-/// it is occupied and its source position is not after the query's.
-///
-/// When every head's slots are in ascending source order (true after prefill and after
-/// order-keeping compaction) each query sees a prefix of the slots, and the mask is built on
-/// the device from one cut-off per (head, query); otherwise it is built on the host.
-fn attention_mask(layer: &kvslice_cache::LayerKv, positions: &[u32], device: &Device) -> Mask {
-    let n = positions.len();
-    let len = layer.max_len();
-    let lens = layer.lens();
-    let uniform = lens.iter().all(|&l| l == len);
-    let heads: Vec<&[u32]> = (0..lens.len()).map(|h| layer.head_positions(h)).collect();
-    let min_query = positions.iter().copied().min().unwrap_or(0);
-    if uniform && heads.iter().all(|p| p.iter().all(|&s| s <= min_query)) {
-        return Mask::None;
-    }
-    let shared = uniform && heads.iter().all(|p| *p == heads[0]);
-    let mask_heads = if shared { 1 } else { lens.len() };
-    let sorted = heads[..mask_heads].iter().all(|p| p.windows(2).all(|w| w[0] < w[1]));
-    if sorted {
-        let mut cutoffs = Vec::with_capacity(mask_heads * n);
-        for slots in &heads[..mask_heads] {
-            for &qp in positions {
-                cutoffs.push(slots.partition_point(|&sp| sp <= qp) as i32);
-            }
+impl<'a> Visibility<'a> {
+    fn of(layer: &'a kvslice_cache::LayerKv, positions: &'a [u32]) -> Self {
+        let n = positions.len();
+        let len = layer.max_len();
+        let lens = layer.lens();
+        let uniform = lens.iter().all(|&l| l == len);
+        let heads: Vec<&[u32]> = (0..lens.len()).map(|h| layer.head_positions(h)).collect();
+        let min_query = positions.iter().copied().min().unwrap_or(0);
+        if uniform && heads.iter().all(|p| p.iter().all(|&s| s <= min_query)) {
+            return Visibility::All { len };
         }
-        let cut =
-            Tensor::<1, Int>::from_data(TensorData::new(cutoffs, [mask_heads * n]), device).reshape([mask_heads, n, 1]);
-        let cols = Tensor::<1, Int>::arange(0..len as i64, device).reshape([1, 1, len]);
-        let hidden = cols.expand([mask_heads, n, len]).greater_equal(cut.expand([mask_heads, n, len]));
-        let mask = Tensor::<3>::zeros([mask_heads, n, len], device).mask_fill(hidden, f32::NEG_INFINITY);
-        return Mask::Additive(mask);
+        // One mask shared by every head when their slots hold the same positions.
+        let shared = uniform && heads.iter().all(|p| *p == heads[0]);
+        let heads = if shared { heads[..1].to_vec() } else { heads };
+        if heads.iter().all(|p| p.windows(2).all(|w| w[0] < w[1])) {
+            let mut cutoffs = Vec::with_capacity(heads.len() * n);
+            for slots in &heads {
+                cutoffs.extend(positions.iter().map(|&qp| slots.partition_point(|&sp| sp <= qp) as i32));
+            }
+            return Visibility::Prefix { mask_heads: heads.len(), n, len, cutoffs };
+        }
+        Visibility::Slots { heads, positions, len }
     }
-    let mut mask = vec![f32::NEG_INFINITY; mask_heads * n * len];
-    for (h, slots) in heads[..mask_heads].iter().enumerate() {
-        for (i, &qp) in positions.iter().enumerate() {
-            let row = &mut mask[(h * n + i) * len..(h * n + i + 1) * len];
-            for (s, &sp) in slots.iter().enumerate() {
-                if sp <= qp {
-                    row[s] = 0.0;
+
+    /// For query rows `start..start + rows`: how many leading slots any of them sees, and the
+    /// additive mask over those slots (`[kv_heads | 1, rows, seen]`, 0 where visible and -inf
+    /// where not), `None` when every row sees all of them.
+    fn chunk(&self, start: usize, rows: usize, device: &Device) -> (usize, Option<Tensor<3>>) {
+        match self {
+            Visibility::All { len } => (*len, None),
+            Visibility::Prefix { mask_heads, n, len, cutoffs } => {
+                let chunk: Vec<i32> = (0..*mask_heads)
+                    .flat_map(|h| cutoffs[h * n + start..h * n + start + rows].iter().copied())
+                    .collect();
+                // At least one slot: a query always sees its own entry, and softmax over
+                // nothing would be NaN rather than an error.
+                let seen = (chunk.iter().copied().max().unwrap_or(0).max(1) as usize).min(*len);
+                if chunk.iter().all(|&c| c as usize >= seen) {
+                    return (seen, None);
                 }
+                let cut = Tensor::<1, Int>::from_data(TensorData::new(chunk, [mask_heads * rows]), device).reshape([
+                    *mask_heads,
+                    rows,
+                    1,
+                ]);
+                let cols = Tensor::<1, Int>::arange(0..seen as i64, device).reshape([1, 1, seen]);
+                let shape = [*mask_heads, rows, seen];
+                let hidden = cols.expand(shape).greater_equal(cut.expand(shape));
+                (seen, Some(Tensor::<3>::zeros(shape, device).mask_fill(hidden, f32::NEG_INFINITY)))
+            }
+            Visibility::Slots { heads, positions, len } => {
+                let mut mask = vec![f32::NEG_INFINITY; heads.len() * rows * len];
+                for (h, slots) in heads.iter().enumerate() {
+                    for (i, &qp) in positions[start..start + rows].iter().enumerate() {
+                        let row = &mut mask[(h * rows + i) * len..(h * rows + i + 1) * len];
+                        for (s, &sp) in slots.iter().enumerate() {
+                            if sp <= qp {
+                                row[s] = 0.0;
+                            }
+                        }
+                    }
+                }
+                let shape = [heads.len(), rows, *len];
+                (
+                    *len,
+                    Some(
+                        Tensor::<1>::from_data(TensorData::new(mask, [heads.len() * rows * len]), device)
+                            .reshape(shape),
+                    ),
+                )
             }
         }
     }
-    Mask::Additive(
-        Tensor::<1>::from_data(TensorData::new(mask, [mask_heads * n * len]), device).reshape([mask_heads, n, len]),
-    )
 }
