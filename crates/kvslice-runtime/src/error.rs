@@ -19,6 +19,11 @@ pub enum RuntimeError {
     Options(String),
     #[error("the model's logits are not finite ({0}): its weights or settings give NaN or infinity")]
     NonFiniteLogits(String),
+    #[error(
+        "{what} needs a buffer of {bytes} bytes, over the {limit} of {max} bytes of the adapter `{adapter}`: \
+         use a smaller context (fewer prompt or new tokens), a smaller model, or another device (--device cpu)"
+    )]
+    DeviceLimit { what: String, bytes: u64, limit: &'static str, max: u64, adapter: String },
     #[error("session unusable: {0}")]
     Unusable(String),
 }

@@ -12,6 +12,7 @@ pub mod error;
 pub mod evict;
 pub mod generate;
 mod host;
+pub mod limits;
 pub mod loading;
 #[cfg(not(target_family = "wasm"))]
 pub mod paths;

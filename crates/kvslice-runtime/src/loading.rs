@@ -16,9 +16,14 @@ impl LoadedModel {
     /// Uploads `weights` to `device`. The weights were already checked against their config.
     /// On a device opened by [`crate::init_device`], projections use the skinny-product kernel
     /// up to the adapter's own row count ([`crate::DeviceInfo::skinny_rows`]).
+    /// A weight larger than the adapter's buffer limits is refused before anything is uploaded.
     pub fn from_parts(weights: &dyn WeightSource, tokenizer: Tokenizer, device: &Device) -> Result<Self> {
+        let info = crate::device::device_info(device);
+        if let Some(info) = &info {
+            crate::limits::check(&crate::limits::weight_buffers(weights.config()), info)?;
+        }
         let mut model = kvslice_model::load::load_llama(weights, device)?;
-        if let Some(info) = crate::device::device_info(device) {
+        if let Some(info) = info {
             model.set_skinny_rows(info.skinny_rows());
         }
         Ok(Self { model, tokenizer })

@@ -52,6 +52,9 @@ impl<'m> Session<'m> {
         let c = &model.config;
         let capacity = capacity.min(c.max_position_embeddings);
         let geometry = CacheGeometry { layers: c.num_layers, kv_heads: c.num_kv_heads, head_dim: c.head_dim, capacity };
+        if let Some(info) = crate::device::device_info(model.device()) {
+            crate::limits::check(&crate::limits::session_buffers(c, capacity), &info)?;
+        }
         Ok(Self {
             model,
             cache: KvCache::new(geometry, model.device())?,
