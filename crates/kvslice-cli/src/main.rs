@@ -89,6 +89,10 @@ enum Command {
         top_p: f32,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Keep generating past end-of-sequence tokens, up to --max-new-tokens (for soak and
+        /// speed runs).
+        #[arg(long)]
+        ignore_eos: bool,
         #[command(flatten)]
         eviction: EvictionArgs,
     },
@@ -157,7 +161,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Cases(args) => cases::run(args),
         Command::Eval(args) => eval::run(args, cli.verbose),
-        Command::Generate { model, prompt, chat, max_new_tokens, temperature, top_p, seed, eviction } => {
+        Command::Generate { model, prompt, chat, max_new_tokens, temperature, top_p, seed, ignore_eos, eviction } => {
             let compression = match (&eviction.policy, &eviction.budget) {
                 (Some(p), Some(b)) => Some((p.clone(), b.clone())),
                 _ => None,
@@ -172,7 +176,8 @@ fn run(cli: Cli) -> Result<()> {
                 }
                 None => None,
             };
-            let options = GenerateOptions { max_new_tokens, sampler, stop_tokens: loaded.stop_tokens() };
+            let stop_tokens = if ignore_eos { Vec::new() } else { loaded.stop_tokens() };
+            let options = GenerateOptions { max_new_tokens, sampler, stop_tokens };
             let mut generator =
                 pollster::block_on(Generator::prefill(&loaded.model, &ids, options, compression.as_ref()))?
                     .with_tokenizer(&loaded.tokenizer);
