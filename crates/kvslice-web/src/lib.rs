@@ -226,6 +226,34 @@ mod tests {
         assert!(err.starts_with("invalid GGUF model"), "{err}");
     }
 
+    /// What JavaScript can pass as `max_new_tokens` (-1 arrives as 4294967295 in wasm32's
+    /// usize; 2^53 - 1 natively): an error that names the context, never an overflow panic or
+    /// a generation that runs until the cache is full.
+    #[test]
+    fn absurd_token_counts_are_errors() {
+        let dev = burn::tensor::Device::flex();
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/golden/tiny-gguf/tiny-llama-F32.gguf");
+        let loaded = load_model(std::fs::read(path).unwrap(), &dev, 0).unwrap();
+        for max_new_tokens in [u32::MAX as usize, (1 << 53) - 1, usize::MAX] {
+            let request = Request { prompt: "hello".into(), chat: false, compression: None, max_new_tokens };
+            let err = block_on(generate(&loaded, &request, |_| true)).err().expect("refused");
+            assert!(err.contains("exceeds the context of 512"), "{max_new_tokens}: {err}");
+        }
+        let request = Request { prompt: "hello".into(), chat: false, compression: None, max_new_tokens: 0 };
+        assert!(block_on(generate(&loaded, &request, |_| true)).is_err());
+    }
+
+    /// The CPU backend's futures are ready when first polled.
+    fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
+        let mut future = std::pin::pin!(future);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        loop {
+            if let std::task::Poll::Ready(v) = future.as_mut().poll(&mut cx) {
+                return v;
+            }
+        }
+    }
+
     #[test]
     fn policies_are_the_registry() {
         let p = policies();
