@@ -18,6 +18,7 @@
 //! two differ only where a run of whitespace precedes a digit (`"x  1"`).
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use tokenizers::decoders::byte_level::ByteLevel;
 use tokenizers::models::bpe::{BPE, Vocab};
@@ -62,6 +63,11 @@ pub struct HfTokenizerFiles<'a> {
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// `inner` with special-token strings read as plain text, for [`Self::encode_chat`]; made
+    /// on first use and kept. A copy per call would leak: tokenizers 0.23 caches each BPE
+    /// instance's words in a thread-local map keyed by instance and never prunes it, so every
+    /// copy that encodes leaves its words (up to 10,000) behind when it is dropped.
+    plain: OnceLock<tokenizers::Tokenizer>,
     bos_token_id: Option<u32>,
     eos_token_id: Option<u32>,
     add_bos_token: bool,
@@ -156,7 +162,7 @@ impl Tokenizer {
                 _ => None,
             },
         };
-        Ok(Tokenizer { inner, bos_token_id, eos_token_id, add_bos_token, chat_template })
+        Ok(Tokenizer { inner, plain: OnceLock::new(), bos_token_id, eos_token_id, add_bos_token, chat_template })
     }
 
     /// Rebuild the tokenizer from GGUF metadata, choosing the pre-tokenizer from
@@ -286,7 +292,7 @@ impl Tokenizer {
                 Some(v.as_str().ok_or_else(|| bad_key("tokenizer.chat_template", "expected a string"))?.to_string())
             }
         };
-        Ok(Tokenizer { inner, bos_token_id, eos_token_id, add_bos_token, chat_template })
+        Ok(Tokenizer { inner, plain: OnceLock::new(), bos_token_id, eos_token_id, add_bos_token, chat_template })
     }
 
     /// Token ids of `text`. With `add_special_tokens`, the post-processor's tokens (BOS
@@ -376,8 +382,11 @@ impl Tokenizer {
         // Pieces between the template's special tokens; messages and template text alike are
         // encoded with special-token strings as text (the template text holds none between its
         // own special tokens).
-        let mut plain = self.inner.clone();
-        plain.set_encode_special_tokens(true);
+        let plain = self.plain.get_or_init(|| {
+            let mut plain = self.inner.clone();
+            plain.set_encode_special_tokens(true);
+            plain
+        });
         let mut ids = Vec::new();
         let mut run = String::new();
         let flush = |run: &mut String, ids: &mut Vec<u32>| -> Result<()> {
