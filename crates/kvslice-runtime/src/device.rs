@@ -2,7 +2,7 @@
 //! Burn's CPU backend as the reference.
 
 use burn::tensor::Device;
-use burn::tensor::wgpu::{WgpuBackend, WgpuInitError};
+use burn::tensor::wgpu::{WgpuBackend, WgpuInitError, wgpu};
 
 use crate::error::{Result, RuntimeError};
 
@@ -203,6 +203,9 @@ pub async fn init_device(choice: DeviceChoice) -> Result<(Device, DeviceInfo)> {
             if let Ok(mut m) = opened().lock() {
                 m.push((choice, result.0.clone(), result.1.clone()));
             }
+            if let Ok(mut handles) = wgpu_handles().lock() {
+                handles.push(setup.device.clone());
+            }
             Ok(result)
         }
     }
@@ -213,6 +216,26 @@ type Opened = std::sync::Mutex<Vec<(DeviceChoice, Device, DeviceInfo)>>;
 fn opened() -> &'static Opened {
     static OPENED: std::sync::OnceLock<Opened> = std::sync::OnceLock::new();
     OPENED.get_or_init(|| std::sync::Mutex::new(Vec::new()))
+}
+
+/// The wgpu devices this process opened, for [`release_gpu_memory`].
+fn wgpu_handles() -> &'static std::sync::Mutex<Vec<wgpu::Device>> {
+    static HANDLES: std::sync::OnceLock<std::sync::Mutex<Vec<wgpu::Device>>> = std::sync::OnceLock::new();
+    HANDLES.get_or_init(|| std::sync::Mutex::new(Vec::new()))
+}
+
+/// Destroys every wgpu device this process opened, which frees all of their buffers at once;
+/// returns how many. For after a panic, when the values that own the buffers will never be
+/// dropped (a panic aborts the browser build's wasm instance where it stands, with the
+/// session's cache and the model's weights still allocated). Any later use of those devices
+/// fails: a process that goes on must open a new one.
+pub fn release_gpu_memory() -> usize {
+    // A panic while the lock was held leaves it poisoned; the handles are still good.
+    let handles = wgpu_handles().lock().unwrap_or_else(|e| e.into_inner());
+    for device in handles.iter() {
+        device.destroy();
+    }
+    handles.len()
 }
 
 fn wgpu_error(e: WgpuInitError) -> RuntimeError {
