@@ -76,6 +76,10 @@ pub enum FormatError {
     #[error("tensor {tensor:?}: data [{start}, {end}) is outside the data section of {len} bytes or misaligned")]
     DataOutOfBounds { tensor: String, start: u64, end: u64, len: u64 },
 
+    /// Two tensors' data ranges overlap.
+    #[error("tensors {first:?} and {second:?} share data (from offset {at} of the data section)")]
+    TensorsOverlap { first: String, second: String, at: u64 },
+
     /// A metadata key the caller needed is absent.
     #[error("missing metadata key {key:?}")]
     MissingKey { key: String },

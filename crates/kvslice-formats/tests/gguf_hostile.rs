@@ -258,6 +258,32 @@ fn bad_tensor_infos() {
     assert!(matches!(expect_err(&dup), FormatError::DuplicateTensor { .. }));
 }
 
+/// Two tensors pointing at the same bytes: one small file must not stand for many tensors.
+#[test]
+fn tensors_sharing_data_are_refused() {
+    let two = || {
+        build_gguf(
+            &[],
+            &[
+                TensorSpec { name: "a".into(), dims: vec![8], ggml_type: 0, data: vec![0; 32] },
+                TensorSpec { name: "b".into(), dims: vec![8], ggml_type: 0, data: vec![0; 32] },
+            ],
+        )
+    };
+    assert!(parse_all(&two()).0.is_none());
+    // b's offset (32, after its type 0) moved onto a's data.
+    let mut b = two();
+    let at = b.windows(9).position(|w| w == [1, 0, 0, 0, 0, 0, 0, 0, b'b']).unwrap() + 9 + 4 + 8 + 4;
+    assert_eq!(b[at..at + 8], 32u64.to_le_bytes());
+    b[at..at + 8].copy_from_slice(&0u64.to_le_bytes());
+    match expect_err(&b) {
+        FormatError::TensorsOverlap { first, second, at: 0 } => {
+            assert_eq!((first.as_str(), second.as_str()), ("a", "b"))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 3000, ..ProptestConfig::default() })]
 

@@ -356,6 +356,22 @@ impl<B: AsRef<[u8]>> GgufFile<B> {
                 });
             }
         }
+        // Each tensor's bytes are its own (llama.cpp requires them laid out one after the
+        // other): a small file cannot stand for many tensors dequantized from the same bytes.
+        let mut ranges: Vec<(u64, u64, usize)> = tensors
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.n_bytes > 0)
+            .map(|(i, t)| (t.offset, t.offset + t.n_bytes, i))
+            .collect();
+        ranges.sort_unstable();
+        if let Some(w) = ranges.windows(2).find(|w| w[1].0 < w[0].1) {
+            return Err(FormatError::TensorsOverlap {
+                first: tensors[w[0].2].name.clone(),
+                second: tensors[w[1].2].name.clone(),
+                at: w[1].0,
+            });
+        }
 
         Ok(GgufFile { bytes, version, metadata, metadata_index, tensors, tensor_index, alignment, data_start })
     }
