@@ -22,7 +22,32 @@ const rate = (n, ms) => (ms > 0 ? `${(n / (ms / 1000)).toFixed(2)} tok/s` : '–
 const errText = (e) => (e && e.message ? e.message : String(e));
 const nextFrame = () => new Promise((r) => setTimeout(r, 20));
 
+// A panic (a bug in kvslice) aborts the wasm instance: it traps with a WebAssembly.RuntimeError
+// and cannot be used again. Its panic hook has destroyed the WebGPU device, freeing the model's
+// and the session's GPU memory; the page says so and stays disabled until reloaded.
+let crashed = false;
+function failed(id, what, e) {
+  if (e instanceof WebAssembly.RuntimeError) {
+    crashed = true;
+    demo.crashed = errText(e);
+    enable(false);
+    setStatus(id, 'error', `${what}: kvslice crashed (${errText(e)}; the console has its message). Its GPU memory was freed; reload the page to go on.`);
+    setStatus('gpu', 'error', 'The WebGPU device was released after a crash: reload the page.');
+  } else {
+    setStatus(id, 'error', `${what}: ${errText(e)}`);
+  }
+}
+// The end-to-end test's way to check what a panic leaves behind.
+demo.panicForTests = () => {
+  try {
+    kv.panicForTests();
+  } catch (e) {
+    failed('gen-status', 'Generation failed', e);
+  }
+};
+
 function enable(on) {
+  on = on && !crashed;
   for (const id of ['load-url', 'model-file', 'conformance']) $(id).disabled = !on;
   $('generate').disabled = !on || !demo.model;
 }
@@ -140,7 +165,7 @@ async function loadBytes(what, getBytes) {
     demo.model = { name: what, source, bytes: bytes.length, config, downloadMs: t1 - t0, uploadMs: performance.now() - t1 };
     setStatus('model-status', 'ready', `Loaded ${what} from ${source}: ${config.architecture}, ${config.layers} layers, ${config.heads} heads (${config.kv_heads} KV heads), ${(config.parameters / 1e6).toFixed(1)}M parameters; read in ${((t1 - t0) / 1000).toFixed(1)} s, uploaded in ${(demo.model.uploadMs / 1000).toFixed(1)} s.`);
   } catch (e) {
-    setStatus('model-status', 'error', `Could not load ${what}: ${errText(e)}`);
+    failed('model-status', `Could not load ${what}`, e);
   } finally {
     busy = false;
     enable(true);
@@ -231,7 +256,7 @@ async function generate() {
     const kept = outcome.kept_entries != null ? `; ${outcome.policy} kept ${outcome.kept_entries} of ${outcome.prompt_tokens * outcome.layers * outcome.kv_heads} prompt entries` : '';
     setStatus('gen-status', 'done', `Done: ${outcome.tokens.length} tokens${kept}.`);
   } catch (e) {
-    setStatus('gen-status', 'error', `Generation failed: ${errText(e)}`);
+    failed('gen-status', 'Generation failed', e);
   } finally {
     busy = false;
     $('stop').disabled = true;
@@ -264,7 +289,7 @@ async function conformance() {
     const secs = ((performance.now() - t0) / 1000).toFixed(1);
     setStatus('conf-status', failed ? 'error' : 'done', `${results.length - failed} passed, ${failed} failed (${secs} s)`);
   } catch (e) {
-    setStatus('conf-status', 'error', `The kernel tests could not run: ${errText(e)}`);
+    failed('conf-status', 'The kernel tests could not run', e);
   } finally {
     busy = false;
     enable(true);

@@ -4,7 +4,8 @@
 // Checks: the page finds WebGPU; a corrupt model file gives a message; the default model loads
 // (and comes from the browser's cache the second time); short greedy generations, with the full
 // cache and with eviction policies, equal the native CLI's output for the same prompt; the
-// kernel conformance suite passes on the page's device. Leaves a screenshot and the measured
+// kernel conformance suite passes on the page's device; a panic destroys the page's WebGPU device
+// (freeing its memory) and the page asks for a reload. Leaves a screenshot and the measured
 // numbers (results.json) in the artifacts folder.
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -97,6 +98,21 @@ const context = await chromium.launchPersistentContext(userDataDir, {
 });
 const console_lines = [];
 try {
+  // Every WebGPU device the page opens, to see what becomes of it after a panic.
+  await context.addInitScript(() => {
+    window.__gpuDevices = [];
+    if (!('gpu' in navigator)) return;
+    const request = GPUAdapter.prototype.requestDevice;
+    GPUAdapter.prototype.requestDevice = async function (...args) {
+      const device = await request.apply(this, args);
+      const entry = { lost: null };
+      device.lost.then((info) => {
+        entry.lost = info.reason;
+      });
+      window.__gpuDevices.push(entry);
+      return device;
+    };
+  });
   const page = await context.newPage();
   page.setDefaultTimeout(180_000);
   page.on('console', (m) => console_lines.push(`${m.type()}: ${m.text()}`));
@@ -179,6 +195,18 @@ try {
   await wait(page, 'gpu', ['ready', 'error'], 120_000);
   const again = await loadDefaultModel(page);
   check('the model comes from the browser cache the second time', again && again.source === 'browser cache', again ? again.source : (await state(page, 'model-status')).text);
+
+  // 7. A panic (last: the page is unusable after it) frees the GPU memory the aborted wasm
+  // instance still holds (the loaded model's weights): its WebGPU device is destroyed, and the
+  // page says to reload.
+  const before = await page.evaluate(() => window.__gpuDevices.map((d) => d.lost));
+  await page.evaluate(() => window.kvsliceDemo.panicForTests());
+  await page.waitForFunction(() => window.__gpuDevices.some((d) => d.lost !== null), null, { timeout: 30_000 }).catch(() => {});
+  const after = await page.evaluate(() => window.__gpuDevices.map((d) => d.lost));
+  const crash = await state(page, 'gen-status');
+  check('a panic destroys the WebGPU device (its memory freed)', before.length > 0 && before.every((r) => r === null) && after.some((r) => r === 'destroyed'), `devices lost before: ${JSON.stringify(before)}, after: ${JSON.stringify(after)}`);
+  check('the page tells the user to reload after a panic', crash.state === 'error' && /reload the page/.test(crash.text) && (await page.$eval('#generate', (b) => b.disabled)), crash.text);
+  check('the panic message reaches the console', console_lines.some((l) => l.includes('panic requested by the end-to-end test') && l.includes('destroyed')), '');
 } catch (e) {
   check('the test ran to its end', false, e.stack || String(e));
 } finally {

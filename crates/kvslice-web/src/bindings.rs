@@ -22,10 +22,24 @@ thread_local! {
     static MODEL: RefCell<Option<Rc<LoadedModel>>> = const { RefCell::new(None) };
 }
 
-/// Panics (bugs) show in the console with their message instead of "unreachable".
+/// Panics (bugs) show in the console with their message instead of "unreachable", and free
+/// the GPU memory they would otherwise leave allocated: a panic aborts the wasm instance where
+/// it stands, so the model's and the session's buffers are never dropped. The WebGPU device is
+/// destroyed instead (all of its buffers with it); the page must be reloaded to go on.
 #[wasm_bindgen(start)]
 pub fn start() {
-    std::panic::set_hook(Box::new(|info| console_error(&format!("kvslice panicked: {info}"))));
+    std::panic::set_hook(Box::new(|info| {
+        let released = kvslice_runtime::device::release_gpu_memory();
+        console_error(&format!(
+            "kvslice panicked: {info} ({released} GPU device(s) destroyed to free their memory; reload the page)"
+        ))
+    }));
+}
+
+/// Panics on purpose: the end-to-end test's way to check what a panic leaves behind.
+#[wasm_bindgen(js_name = panicForTests)]
+pub fn panic_for_tests() {
+    panic!("panic requested by the end-to-end test");
 }
 
 fn set(obj: &Object, key: &str, value: impl Into<JsValue>) {
