@@ -236,7 +236,7 @@ mod tests {
         let loaded = load_model(std::fs::read(path).unwrap(), &dev, 0).unwrap();
         for max_new_tokens in [u32::MAX as usize, (1 << 53) - 1, usize::MAX] {
             let request = Request { prompt: "hello".into(), chat: false, compression: None, max_new_tokens };
-            let err = block_on(generate(&loaded, &request, |_| true)).err().expect("refused");
+            let err = block_on(generate(&loaded, &request, |_| true)).expect_err("refused");
             assert!(err.contains("exceeds the context of 512"), "{max_new_tokens}: {err}");
         }
         let request = Request { prompt: "hello".into(), chat: false, compression: None, max_new_tokens: 0 };
