@@ -54,8 +54,15 @@ pub fn ids(v: &serde_json::Value) -> Vec<u32> {
 /// The weights of the tiny seeded model `tests/golden/tiny/<name>` (HF safetensors folder,
 /// sharded or not).
 pub fn tiny_hf_weights(name: &str) -> SafetensorsWeights<Vec<u8>> {
+    tiny_hf_weights_with(name, |_| {})
+}
+
+/// As [`tiny_hf_weights`], under its config changed by `edit` (a longer context, other RoPE
+/// scaling).
+pub fn tiny_hf_weights_with(name: &str, edit: impl FnOnce(&mut ModelConfig)) -> SafetensorsWeights<Vec<u8>> {
     let dir = golden_dir().join("tiny").join(name);
-    let config = ModelConfig::from_hf_json(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    let mut config = ModelConfig::from_hf_json(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    edit(&mut config);
     let index = dir.join("model.safetensors.index.json");
     let files = if index.is_file() {
         kvslice_formats::safetensors_index_files(&std::fs::read(index).unwrap()).unwrap()

@@ -9,11 +9,10 @@
 //! `KVSLICE_SOAK_DEVICE=cpu|wgpu` for one device only).
 
 use burn::tensor::Device;
-use kvslice_formats::{ModelConfig, SafetensorsWeights};
 use kvslice_model::Llama;
 use kvslice_model::load::load_llama;
 use kvslice_runtime::{Compression, GenerateOptions, Generator, Sampler};
-use kvslice_tests::{cpu, golden_dir, wgpu};
+use kvslice_tests::{cpu, tiny_hf_weights_with, wgpu};
 
 const BUDGET: usize = 256;
 const PROMPT: usize = 320;
@@ -24,12 +23,8 @@ const CI_WGPU_RULES: [&str; 4] = ["streaming-llm", "tova", "lacache", "knorm:eve
 
 /// The tiny llama (tests/golden/tiny/llama) with a 32,768-token context.
 fn long_context_model(device: &Device) -> Llama {
-    let dir = golden_dir().join("tiny/llama");
-    let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
-    json["max_position_embeddings"] = serde_json::json!(32768);
-    let config = ModelConfig::from_hf_json(json.to_string().as_bytes()).unwrap();
-    let shards = vec![("model.safetensors".to_string(), std::fs::read(dir.join("model.safetensors")).unwrap())];
-    load_llama(&SafetensorsWeights::new(config, shards).unwrap(), device).unwrap()
+    let weights = tiny_hf_weights_with("llama", |c| c.max_position_embeddings = 32768);
+    load_llama(&weights, device).unwrap()
 }
 
 /// Resident memory of this process (bytes), from /proc.

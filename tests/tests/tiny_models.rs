@@ -116,11 +116,7 @@ fn shapes_that_disagree_with_the_config_are_errors() {
 
 /// The tiny llama's weights under its own config with other RoPE scaling.
 fn with_rope_scaling(scaling: kvslice_formats::RopeScaling) -> SafetensorsWeights<Vec<u8>> {
-    let dir = golden_dir().join("tiny/llama");
-    let mut config = ModelConfig::from_hf_json(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
-    config.rope_scaling = Some(scaling);
-    let shards = vec![("model.safetensors".to_string(), std::fs::read(dir.join("model.safetensors")).unwrap())];
-    SafetensorsWeights::new(config, shards).unwrap()
+    kvslice_tests::tiny_hf_weights_with("llama", |c| c.rope_scaling = Some(scaling))
 }
 
 #[test]
@@ -238,12 +234,7 @@ fn non_finite_logits_are_errors_wgpu() {
 /// WebGPU's default largest storage binding). The two devices give the same logits.
 #[test]
 fn a_prompt_of_the_whole_context_on_wgpu_matches_the_cpu() {
-    let dir = golden_dir().join("tiny/llama");
-    let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
-    json["max_position_embeddings"] = serde_json::json!(8192);
-    let config = ModelConfig::from_hf_json(json.to_string().as_bytes()).unwrap();
-    let shards = vec![("model.safetensors".to_string(), std::fs::read(dir.join("model.safetensors")).unwrap())];
-    let weights = SafetensorsWeights::new(config, shards).unwrap();
+    let weights = kvslice_tests::tiny_hf_weights_with("llama", |c| c.max_position_embeddings = 8192);
     let n = 8192;
     let tokens: Vec<u32> = (0..n).map(|i| 3 + ((i * 7919 + 13) % 250) as u32).collect();
     let rows = [0, 1, 777, 1500, 4095, n - 2, n - 1];
