@@ -190,17 +190,27 @@ fn run(cli: Cli) -> Result<()> {
             eprintln!("{}", generator.stats());
             let report = generator.report();
             if let (Some(r), Some(c)) = (report, &compression) {
+                let cfg = &loaded.model.config;
+                let prompt_entries = r.prompt_tokens * cfg.num_layers * cfg.num_kv_heads;
+                // The cache as it stands after the generation, against the full cache of every
+                // token it has seen (the prompt's alone understates what a long generation saves).
+                let session = generator.session();
+                let seen = session.position() as usize;
+                let full_now = seen * cfg.num_layers * cfg.num_kv_heads * session.cache().entry_bytes();
+                let mib = |b: usize| b as f64 / (1 << 20) as f64;
                 eprintln!(
-                    "{}: kept {} of {} KV entries ({:.1}%); KV memory {:.2} MiB instead of {:.2} MiB (peak {:.2} MiB); planning {:.0} ms, compaction {:.0} ms",
+                    "{}: kept {} of {} prompt KV entries ({:.1}%); KV storage {:.2} MiB after {seen} tokens instead of \
+                     {:.2} MiB for the full cache (after the prompt: {:.2} MiB instead of {:.2} MiB, peak {:.2} MiB); \
+                     planning {:.0} ms, compaction {:.0} ms",
                     c.label(),
                     r.kept_entries,
-                    r.prompt_tokens * loaded.model.config.num_layers * loaded.model.config.num_kv_heads,
-                    100.0 * r.kept_entries as f64
-                        / (r.prompt_tokens * loaded.model.config.num_layers * loaded.model.config.num_kv_heads).max(1)
-                            as f64,
-                    r.compressed_bytes as f64 / (1 << 20) as f64,
-                    r.full_bytes as f64 / (1 << 20) as f64,
-                    r.peak_bytes as f64 / (1 << 20) as f64,
+                    prompt_entries,
+                    100.0 * r.kept_entries as f64 / prompt_entries.max(1) as f64,
+                    mib(session.cache().storage_bytes()),
+                    mib(full_now),
+                    mib(r.compressed_bytes),
+                    mib(r.full_bytes),
+                    mib(r.peak_bytes),
                     r.plan_time.as_secs_f64() * 1e3,
                     r.compact_time.as_secs_f64() * 1e3,
                 );
