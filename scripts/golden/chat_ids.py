@@ -14,7 +14,11 @@ Pure Python 3 (no packages); inputs are ASCII, where GPT-2's `\\p{L}`/`\\p{N}` c
 
 import json
 import re
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from byte_level import bytes_to_unicode  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TOK = json.loads((ROOT / "tests/golden/tokenizer/tiny/tokenizer.json").read_text())
@@ -25,18 +29,6 @@ DEFAULT_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Huggin
 
 # GPT-2's pre-tokenizer pattern restricted to ASCII.
 GPT2 = re.compile(r"'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+")
-
-
-def bytes_to_unicode():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
 
 
 BYTE = bytes_to_unicode()

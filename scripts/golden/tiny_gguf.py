@@ -15,6 +15,7 @@ import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
+from byte_level import bytes_to_unicode  # noqa: E402
 from common import GOLDEN_DIR, round_rows, seed_everything, versions, write_json  # noqa: E402
 from tiny_models import logits_of, token_sequences  # noqa: E402
 
@@ -46,19 +47,6 @@ def permute(w: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray:
         .swapaxes(1, 2)
         .reshape(w.shape)
     )
-
-
-def bytes_to_unicode() -> dict:
-    """GPT-2's byte -> printable character table (byte-level BPE alphabet)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs)))
 
 
 def tensor_map(cfg: dict, n_layers: int) -> list:
