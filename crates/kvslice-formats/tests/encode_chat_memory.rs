@@ -6,7 +6,9 @@
 
 #![cfg(target_os = "linux")]
 
-use kvslice_formats::{ChatMessage, HfTokenizerFiles, Tokenizer};
+mod common;
+
+use kvslice_formats::ChatMessage;
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
@@ -15,12 +17,7 @@ fn rss_bytes() -> u64 {
 
 #[test]
 fn encode_chat_does_not_grow_memory_call_after_call() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/tokenizer/tiny");
-    let json = std::fs::read(dir.join("tokenizer.json")).unwrap();
-    let cfg = std::fs::read(dir.join("tokenizer_config.json")).unwrap();
-    let files =
-        HfTokenizerFiles { tokenizer_json: &json, tokenizer_config_json: Some(&cfg), chat_template_jinja: None };
-    let tok = Tokenizer::from_hf(files).unwrap();
+    let tok = common::tiny_hf();
     // A message with a special-token string takes the piecewise path.
     let msgs = [
         ChatMessage::new("system", "Answer in one word, please, and nothing else."),

@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use kvslice_formats::gguf::GgufFile;
-use kvslice_formats::{ChatMessage, FormatError, GgufPreTokenizer, HfTokenizerFiles, Tokenizer};
+use kvslice_formats::{ChatMessage, FormatError, GgufPreTokenizer, Tokenizer};
 use serde_json::Value;
 
 fn golden_json(rel: &str) -> Value {
@@ -21,18 +21,6 @@ fn messages(v: &Value) -> Vec<ChatMessage> {
         .iter()
         .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
         .collect()
-}
-
-fn tiny_hf() -> Tokenizer {
-    let dir = golden("tokenizer/tiny");
-    let json = std::fs::read(dir.join("tokenizer.json")).unwrap();
-    let cfg = std::fs::read(dir.join("tokenizer_config.json")).unwrap();
-    Tokenizer::from_hf(HfTokenizerFiles {
-        tokenizer_json: &json,
-        tokenizer_config_json: Some(&cfg),
-        chat_template_jinja: None,
-    })
-    .unwrap()
 }
 
 fn tiny_gguf() -> GgufFile<Vec<u8>> {

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use kvslice_formats::{HfTokenizerFiles, Tokenizer};
+
 pub fn golden(rel: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden").join(rel)
 }
@@ -126,4 +128,17 @@ pub fn f32_tensor(name: &str, shape_rowmajor: &[usize], values: &[f32]) -> Tenso
         ggml_type: 0,
         data: f32_bytes(values),
     }
+}
+
+/// The tiny HF tokenizer (tests/golden/tokenizer/tiny) with its config and chat template.
+pub fn tiny_hf() -> Tokenizer {
+    let dir = golden("tokenizer/tiny");
+    let json = std::fs::read(dir.join("tokenizer.json")).unwrap();
+    let cfg = std::fs::read(dir.join("tokenizer_config.json")).unwrap();
+    Tokenizer::from_hf(HfTokenizerFiles {
+        tokenizer_json: &json,
+        tokenizer_config_json: Some(&cfg),
+        chat_template_jinja: None,
+    })
+    .unwrap()
 }
