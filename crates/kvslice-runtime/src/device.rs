@@ -104,7 +104,7 @@ impl DeviceInfo {
 /// The adapter `device` was opened on by [`init_device`], if it was.
 pub fn device_info(device: &Device) -> Option<DeviceInfo> {
     let opened = opened().lock().ok()?;
-    opened.iter().find(|(_, d, _)| d == device).map(|(_, _, info)| info.clone())
+    opened.iter().find(|(_, d, _, _)| d == device).map(|(_, _, info, _)| info.clone())
 }
 
 impl std::fmt::Display for DeviceInfo {
@@ -172,7 +172,8 @@ pub async fn init_device(choice: DeviceChoice) -> Result<(Device, DeviceInfo)> {
         )),
         DeviceChoice::Wgpu | DeviceChoice::WgpuApi(_) => {
             // A wgpu runtime can be registered once per process: later calls reuse it.
-            if let Some(found) = opened().lock().ok().and_then(|m| m.iter().find(|(c, _, _)| *c == choice).cloned()) {
+            if let Some(found) = opened().lock().ok().and_then(|m| m.iter().find(|(c, _, _, _)| *c == choice).cloned())
+            {
                 return Ok((found.1, found.2));
             }
             let mut options = Device::wgpu_options();
@@ -201,27 +202,20 @@ pub async fn init_device(choice: DeviceChoice) -> Result<(Device, DeviceInfo)> {
                 },
             );
             if let Ok(mut m) = opened().lock() {
-                m.push((choice, result.0.clone(), result.1.clone()));
-            }
-            if let Ok(mut handles) = wgpu_handles().lock() {
-                handles.push(setup.device.clone());
+                m.push((choice, result.0.clone(), result.1.clone(), setup.device.clone()));
             }
             Ok(result)
         }
     }
 }
 
-type Opened = std::sync::Mutex<Vec<(DeviceChoice, Device, DeviceInfo)>>;
+/// The wgpu devices this process opened: the choice, Burn's device, its description and the
+/// wgpu handle (for [`release_gpu_memory`]).
+type Opened = std::sync::Mutex<Vec<(DeviceChoice, Device, DeviceInfo, wgpu::Device)>>;
 
 fn opened() -> &'static Opened {
     static OPENED: std::sync::OnceLock<Opened> = std::sync::OnceLock::new();
     OPENED.get_or_init(|| std::sync::Mutex::new(Vec::new()))
-}
-
-/// The wgpu devices this process opened, for [`release_gpu_memory`].
-fn wgpu_handles() -> &'static std::sync::Mutex<Vec<wgpu::Device>> {
-    static HANDLES: std::sync::OnceLock<std::sync::Mutex<Vec<wgpu::Device>>> = std::sync::OnceLock::new();
-    HANDLES.get_or_init(|| std::sync::Mutex::new(Vec::new()))
 }
 
 /// Destroys every wgpu device this process opened, which frees all of their buffers at once;
@@ -231,11 +225,11 @@ fn wgpu_handles() -> &'static std::sync::Mutex<Vec<wgpu::Device>> {
 /// fails: a process that goes on must open a new one.
 pub fn release_gpu_memory() -> usize {
     // A panic while the lock was held leaves it poisoned; the handles are still good.
-    let handles = wgpu_handles().lock().unwrap_or_else(|e| e.into_inner());
-    for device in handles.iter() {
+    let opened = opened().lock().unwrap_or_else(|e| e.into_inner());
+    for (_, _, _, device) in opened.iter() {
         device.destroy();
     }
-    handles.len()
+    opened.len()
 }
 
 fn wgpu_error(e: WgpuInitError) -> RuntimeError {
