@@ -10,13 +10,28 @@ use crate::error::{Result, RuntimeError};
 use crate::evict::{Compression, CompressionReport};
 use crate::host::now;
 use crate::sampling::Sampler;
-use crate::session::{Prefilled, Session};
+use crate::session::{GROW_STEP, Prefilled, Session, fits_context};
+
+/// How many leading tokens of `prompt` (a whole conversation) `session` can reuse: the longest
+/// prefix it shares with the session's history, shortened so that at least one prompt token is
+/// left to feed (the next token comes from its logits) and to a point the session can go back
+/// to ([`Session::can_rewind`]). 0 when the session's history is unknown or nothing is shared.
+pub fn reusable_prefix(session: &Session, prompt: &[u32]) -> usize {
+    let Some(history) = session.history() else { return 0 };
+    let shared = history.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+    let k = shared.min(prompt.len().saturating_sub(1));
+    // A session with decode-time eviction can only go on from where it is (k = its position).
+    if k > 0 && session.can_rewind(k) { k } else { 0 }
+}
 
 /// Timings and counts of one generation.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct GenerationStats {
     pub prompt_tokens: usize,
     pub prefill_seconds: f64,
+    /// Of the prompt, the leading tokens a kept session already held, reused instead of fed
+    /// ([`Generator::continue_with`]); `prompt_tokens` counts the ones fed.
+    pub cached_tokens: usize,
     /// Tokens produced (the first comes from the prefill's last position).
     pub generated_tokens: usize,
     /// Single-token forward passes run after the prefill.
@@ -140,7 +155,7 @@ impl<'m> Generator<'m> {
         let t0 = now();
         let (session, token, report) = match compression {
             None => {
-                let room = prompt.len().saturating_add(new).min(model.config.max_position_embeddings);
+                let room = prompt.len().saturating_add(new.min(GROW_STEP)).min(model.config.max_position_embeddings);
                 let mut session = Session::new(model, room)?;
                 let token = session.step(prompt, &mut sampler).await?;
                 (session, token, None)
@@ -180,16 +195,47 @@ impl<'m> Generator<'m> {
 
     /// Feeds `tokens` into an existing session (the next turn of a conversation over the cache
     /// it kept, compressed or not) and chooses the first token after them.
+    ///
+    /// A cache without room for the turn grows to fit it and the new tokens; one whose policy
+    /// keeps it at a fixed size (decode-time eviction) takes the turn a token at a time through
+    /// its rule and stays at that size.
     pub async fn extend(mut session: Session<'m>, tokens: &[u32], options: GenerateOptions) -> Result<Self> {
-        if tokens.is_empty() {
+        let Some((&last, before)) = tokens.split_last() else {
             return Err(RuntimeError::Options("nothing to feed".into()));
-        }
+        };
         session.check_context(tokens.len(), options.max_new_tokens)?;
         let mut sampler = options.sampler.clone();
         let t0 = now();
-        let token = session.step(tokens, &mut sampler).await?;
+        let token = if session.eviction().is_some() && !session.cache().has_room(tokens.len()) {
+            session.ingest(before).await?;
+            session.step(&[last], &mut sampler).await?
+        } else {
+            session.reserve(tokens.len().saturating_add(options.max_new_tokens.min(GROW_STEP)))?;
+            session.step(tokens, &mut sampler).await?
+        };
         let stats = GenerationStats { prompt_tokens: tokens.len(), prefill_seconds: now() - t0, ..Default::default() };
         Ok(Self::started(session, sampler, options, token, stats, None))
+    }
+
+    /// Continues a kept session with `prompt`, the whole conversation so far (its earlier turns
+    /// and the new one): the longest prefix the session can reuse ([`reusable_prefix`]) is kept
+    /// and only the rest is fed. Returns the generator and the number of prompt tokens reused
+    /// (also in [`GenerationStats::cached_tokens`]). Check [`reusable_prefix`] first: a session
+    /// that can reuse nothing is refused, and consumed.
+    pub async fn continue_with(
+        mut session: Session<'m>,
+        prompt: &[u32],
+        options: GenerateOptions,
+    ) -> Result<(Self, usize)> {
+        let reused = reusable_prefix(&session, prompt);
+        if reused == 0 {
+            return Err(RuntimeError::Options("the session holds no prefix of the prompt to reuse".into()));
+        }
+        fits_context(session.model(), reused, prompt.len() - reused, options.max_new_tokens)?;
+        session.rewind(reused)?;
+        let mut g = Self::extend(session, &prompt[reused..], options).await?;
+        g.stats.cached_tokens = reused;
+        Ok((g, reused))
     }
 
     fn started(
@@ -233,6 +279,12 @@ impl<'m> Generator<'m> {
             None => {
                 let last = *self.tokens.last().ok_or_else(|| RuntimeError::Options("no token to continue".into()))?;
                 let t0 = now();
+                if self.session.eviction().is_none() && !self.session.cache().has_room(1) {
+                    // a growing cache that is full: room for the rest, a step at a time
+                    let left = self.options.max_new_tokens.saturating_sub(self.tokens.len());
+                    let more = GROW_STEP.max(self.session.cache().max_len() / 2).min(left.max(1));
+                    self.session.reserve(more)?;
+                }
                 let id = self.session.step(&[last], &mut self.sampler).await?;
                 self.stats.decode_seconds += now() - t0;
                 self.stats.decode_steps += 1;
@@ -313,7 +365,7 @@ async fn compressed_prefill<'m>(
     if compression.cascades() && prompt.len() >= compression.policy().needs().window {
         let (cache, eviction, hidden, report) =
             crate::evict::cascade::prefill(compression, model, prompt, max_new_tokens)?;
-        let session = Session::with_eviction(model, cache, prompt.len() as u32, eviction);
+        let session = Session::with_eviction(model, cache, prompt.len() as u32, eviction).with_history(prompt);
         let token = session.sample_last(hidden, sampler).await?;
         return Ok((session, token, report));
     }
@@ -430,6 +482,83 @@ mod tests {
         assert_eq!(next.tokens().len(), 2);
         let overflow = Generator::extend(next.into_session(), &[1; 600], GenerateOptions::greedy(1, Vec::new()));
         assert!(matches!(pollster::block_on(overflow), Err(RuntimeError::ContextOverflow { .. })));
+    }
+
+    #[test]
+    fn a_conversation_reuses_the_prefix_it_shares_with_the_kept_cache() {
+        let model = tiny();
+        let ids = prompt(20);
+        let mut g = generator(&model, &ids, 4, Vec::new()).unwrap();
+        let said = pollster::block_on(g.run()).unwrap().to_vec();
+        let session = g.into_session();
+        // the cache saw the prompt and every reply token but the last
+        let seen: Vec<u32> = ids.iter().chain(&said[..3]).copied().collect();
+        assert_eq!(session.history(), Some(&seen[..]));
+        // the next turn extends it: everything seen is reused
+        let turn: Vec<u32> = ids.iter().chain(&said).chain(&[40, 41]).copied().collect();
+        assert_eq!(reusable_prefix(&session, &turn), 23);
+        let check = |g: &mut Generator, mut sequence: Vec<u32>| {
+            while let Some(t) = pollster::block_on(g.next()).unwrap() {
+                assert_eq!(t.id, recomputed(&model, &sequence), "token {}", t.index);
+                sequence.push(t.id);
+            }
+        };
+        let (mut next, reused) =
+            pollster::block_on(Generator::continue_with(session, &turn, GenerateOptions::greedy(3, Vec::new())))
+                .unwrap();
+        assert_eq!((reused, next.stats().cached_tokens, next.stats().prompt_tokens), (23, 23, 3));
+        check(&mut next, turn.clone());
+        // a prompt that leaves the conversation at token 10 goes back there
+        let session = next.into_session();
+        let other: Vec<u32> = ids[..10].iter().chain(&[7, 8, 9]).copied().collect();
+        assert_eq!(reusable_prefix(&session, &other), 10);
+        let (mut next, reused) =
+            pollster::block_on(Generator::continue_with(session, &other, GenerateOptions::greedy(3, Vec::new())))
+                .unwrap();
+        assert_eq!(reused, 10);
+        assert_eq!(next.session().cache().lens_by_layer(), vec![vec![13, 13]; 3]);
+        check(&mut next, other.clone());
+        // the same prompt again: all but its last token reused, which is fed for the logits
+        let session = next.into_session();
+        assert_eq!(reusable_prefix(&session, &other), 12);
+        assert_eq!(reusable_prefix(&session, &[99, 98]), 0);
+    }
+
+    #[test]
+    fn a_growing_cache_grows_and_a_fixed_size_cache_takes_a_turn_through_its_rule() {
+        let model = tiny();
+        let ids = prompt(30);
+        // room for the prompt and GROW_STEP new tokens; 300 more come in the next turn
+        let mut g = generator(&model, &ids, 1, Vec::new()).unwrap();
+        let first = pollster::block_on(g.run()).unwrap().to_vec();
+        let capacity = g.session().cache().geometry().capacity;
+        let long: Vec<u32> = ids.iter().chain(&first).copied().chain(prompt(300)).collect();
+        let (mut next, _) = pollster::block_on(Generator::continue_with(
+            g.into_session(),
+            &long,
+            GenerateOptions::greedy(2, Vec::new()),
+        ))
+        .unwrap();
+        assert!(next.session().cache().geometry().capacity > capacity);
+        let t = pollster::block_on(next.next()).unwrap().unwrap();
+        assert_eq!(t.id, recomputed(&model, &long));
+
+        // StreamingLLM at 16 entries per head: the turn's 10 tokens go through its rule
+        let c = Compression::new("streaming-llm", "16", &Compression::model_info(&model)).unwrap();
+        let options = GenerateOptions::greedy(2, Vec::new());
+        let mut g = pollster::block_on(Generator::prefill(&model, &ids, options.clone(), Some(&c))).unwrap();
+        let said = pollster::block_on(g.run()).unwrap().to_vec();
+        let turn: Vec<u32> = ids.iter().chain(&said).copied().chain(prompt(10)).collect();
+        let session = g.into_session();
+        assert_eq!(reusable_prefix(&session, &turn), 31, "a fixed-size cache goes on from where it is");
+        let (next, _) = pollster::block_on(Generator::continue_with(session, &turn, options)).unwrap();
+        let cache = next.session().cache();
+        assert_eq!((cache.geometry().capacity, cache.lens_by_layer()), (16, vec![vec![16, 16]; 3]));
+        // the newest entries are the turn's last tokens (its very last is the one just fed)
+        let newest = *cache.layers()[0].head_positions(0).iter().max().unwrap();
+        assert_eq!(newest as usize, turn.len() - 1);
+        // going back into it is refused
+        assert_eq!(reusable_prefix(next.session(), &turn[..20]), 0);
     }
 
     #[test]

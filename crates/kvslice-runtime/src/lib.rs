@@ -25,10 +25,10 @@ pub use burn::tensor::Device;
 pub use device::{DeviceChoice, DeviceInfo, GraphicsApi, device_info, init_device};
 pub use error::{Result, RuntimeError};
 pub use evict::{Compression, CompressionReport, DecodeEviction, DecodeRule, StatsRequest};
-pub use generate::{GenerateOptions, GenerationStats, Generator, TextStream, Token};
+pub use generate::{GenerateOptions, GenerationStats, Generator, TextStream, Token, reusable_prefix};
 pub use host::read_f32;
 pub use kvslice_cache::{CacheGeometry, KvCache, LayerKv};
-pub use kvslice_formats::{ModelConfig, Tokenizer};
+pub use kvslice_formats::{ChatMessage, ModelConfig, Tokenizer};
 /// Every kernel against its CPU twin on a device: the cross-vendor check.
 pub use kvslice_kernels::conformance;
 pub use kvslice_model::Llama;

@@ -13,6 +13,11 @@ use crate::evict::{Compression, CompressionReport, DecodeEviction, EvictingStore
 use crate::host::{now, read_f32};
 use crate::sampling::Sampler;
 
+/// Slots a growing cache is given at a time for new tokens: a prefill allocates room for up to
+/// this many new tokens, and the generation loop grows the cache by at least this much when it
+/// is full ([`Session::reserve`]), so a large `max_new_tokens` costs no memory until it is used.
+pub const GROW_STEP: usize = 256;
+
 /// One sequence on one model.
 pub struct Session<'m> {
     model: &'m Llama,
@@ -24,6 +29,9 @@ pub struct Session<'m> {
     /// Why the session refuses to go on: a step failed after overwriting cache entries, which
     /// cannot be undone ([`Session::reset`] clears it).
     broken: Option<String>,
+    /// The ids fed so far, in order (whatever the cache still keeps of them). Complete only when
+    /// its length is the position: a session built over a cache from elsewhere starts without.
+    history: Vec<u32>,
 }
 
 /// A prompt prefilled once with the statistics of a set of policies, ready to be compressed
@@ -36,6 +44,8 @@ pub struct Prefilled {
     /// The greedy token after the prompt (computed with the full cache).
     pub first_token: u32,
     pub prompt_tokens: usize,
+    /// The prompt's ids.
+    pub prompt: Vec<u32>,
     /// The forward pass, and the statistics recorded during it (included in `prefill_seconds`),
     /// then read back.
     pub prefill_seconds: f64,
@@ -61,12 +71,22 @@ impl<'m> Session<'m> {
             next_position: 0,
             eviction: None,
             broken: None,
+            history: Vec::new(),
         })
     }
 
     /// A session over an existing cache whose next token is at source position `next_position`.
+    /// Its history ([`Session::history`]) is unknown.
     pub fn from_cache(model: &'m Llama, cache: KvCache, next_position: u32) -> Self {
-        Self { model, cache, next_position, eviction: None, broken: None }
+        Self { model, cache, next_position, eviction: None, broken: None, history: Vec::new() }
+    }
+
+    /// [`Session::from_cache`] over a cache that holds (what is kept of) `history`.
+    pub(crate) fn with_history(mut self, history: &[u32]) -> Self {
+        if history.len() == self.next_position as usize {
+            self.history = history.to_vec();
+        }
+        self
     }
 
     /// A session over a compressed cache whose decode-time rule keeps it at its size.
@@ -76,7 +96,7 @@ impl<'m> Session<'m> {
         next_position: u32,
         eviction: Option<DecodeEviction>,
     ) -> Self {
-        Self { model, cache, next_position, eviction, broken: None }
+        Self { model, cache, next_position, eviction, broken: None, history: Vec::new() }
     }
 
     /// Decode-time eviction state, when the session keeps a fixed-size cache.
@@ -116,6 +136,7 @@ impl<'m> Session<'m> {
             stats,
             first_token,
             prompt_tokens: prompt.len(),
+            prompt: prompt.to_vec(),
             prefill_seconds: t1 - t0,
             stats_seconds: t2 - t1,
             stats_compute_seconds,
@@ -138,12 +159,13 @@ impl<'m> Session<'m> {
                     .map(|_| vec![(0..n as u32).collect(); model.config.num_kv_heads])
                     .collect();
                 let cache = crate::evict::compress_cache(&prefilled.cache, &all, max_new_tokens, 0)?;
-                Ok((Session::from_cache(model, cache, n as u32), None))
+                Ok((Session::from_cache(model, cache, n as u32).with_history(&prefilled.prompt), None))
             }
             Some(c) => {
                 let (cache, eviction, report) =
                     crate::evict::compress(c, &prefilled.stats, &prefilled.cache, model, max_new_tokens).await?;
-                Ok((Session::with_eviction(model, cache, n as u32, eviction), Some(report)))
+                let session = Session::with_eviction(model, cache, n as u32, eviction).with_history(&prefilled.prompt);
+                Ok((session, Some(report)))
             }
         }
     }
@@ -173,6 +195,94 @@ impl<'m> Session<'m> {
         self.next_position = 0;
         self.eviction = None;
         self.broken = None;
+        self.history.clear();
+    }
+
+    /// Every id fed so far, in order, when the session knows them (it does unless it was built
+    /// over a cache from elsewhere). With a compressed cache, some of them are no longer kept.
+    pub fn history(&self) -> Option<&[u32]> {
+        (self.history.len() == self.next_position as usize).then_some(&self.history[..])
+    }
+
+    /// Whether [`Session::rewind`] can go back to position `to`: the session knows its history,
+    /// has no decode-time eviction state (which has rearranged or scored the slots), and in
+    /// every head the entries at positions `to` and later are the last ones appended.
+    pub fn can_rewind(&self, to: usize) -> bool {
+        let now = self.next_position as usize;
+        if to == now {
+            return self.broken.is_none();
+        }
+        to < now
+            && self.broken.is_none()
+            && self.eviction.is_none()
+            && self.history().is_some()
+            && self.cache.layers().iter().all(|l| {
+                (0..l.lens().len()).all(|h| {
+                    let p = l.head_positions(h);
+                    let kept = p.partition_point(|&x| (x as usize) < to);
+                    p[..kept].iter().all(|&x| (x as usize) < to) && p[kept..].iter().all(|&x| (x as usize) >= to)
+                })
+            })
+    }
+
+    /// Forgets every token from position `to` on, as if only the first `to` had been fed: the
+    /// conversation continues from a shared prefix. Refused where [`Session::can_rewind`] is not.
+    pub fn rewind(&mut self, to: usize) -> Result<()> {
+        if !self.can_rewind(to) {
+            return Err(RuntimeError::Options(format!(
+                "the session cannot go back to position {to} (it holds {} tokens{})",
+                self.next_position,
+                if self.eviction.is_some() { ", evicted while decoding" } else { "" }
+            )));
+        }
+        let lens: Vec<Vec<usize>> = self
+            .cache
+            .layers()
+            .iter()
+            .map(|l| (0..l.lens().len()).map(|h| l.head_positions(h).partition_point(|&x| (x as usize) < to)).collect())
+            .collect();
+        self.cache.truncate(&lens)?;
+        self.history.truncate(to);
+        self.next_position = to as u32;
+        Ok(())
+    }
+
+    /// Makes room for `n` more tokens in every head without decode-time eviction: a cache that
+    /// is too small is copied into storage of the size needed (never past the model's context).
+    /// The next turn of a conversation grows its cache this way; a session whose policy keeps
+    /// its cache at a fixed size feeds the turn through its eviction rule instead.
+    pub fn reserve(&mut self, n: usize) -> Result<()> {
+        if self.cache.has_room(n) {
+            return Ok(());
+        }
+        let context = self.model.config.max_position_embeddings;
+        let need = self.cache.max_len().saturating_add(n).min(context);
+        if let Some(info) = crate::device::device_info(self.model.device()) {
+            crate::limits::check(&crate::limits::session_buffers(&self.model.config, need), &info)?;
+        }
+        let mut layers = Vec::with_capacity(self.cache.layers().len());
+        for l in self.cache.layers() {
+            let slots: Vec<Vec<u32>> = l.lens().iter().map(|&len| (0..len as u32).collect()).collect();
+            layers.push(l.gather(&slots, need.max(l.capacity()))?);
+        }
+        self.cache = KvCache::from_layers(layers)?;
+        Ok(())
+    }
+
+    /// Feeds `tokens` one decode step at a time (each through the decode-time eviction rule):
+    /// how a fixed-size cache takes a turn of several tokens while staying at its size.
+    pub async fn ingest(&mut self, tokens: &[u32]) -> Result<()> {
+        for &t in tokens {
+            self.usable()?;
+            self.before_step(1).await?;
+            self.feed(&[t])?;
+            if let Err(e) = self.absorb().await {
+                self.broken =
+                    Some(format!("a step failed after its tokens entered the cache ({e}); reset the session"));
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// Refuses a session that a failed step left unusable.
@@ -238,6 +348,9 @@ impl<'m> Session<'m> {
         };
         match result {
             Ok(hidden) => {
+                if self.history.len() == self.next_position as usize {
+                    self.history.extend_from_slice(tokens);
+                }
                 self.next_position += tokens.len() as u32;
                 Ok(hidden)
             }

@@ -100,7 +100,8 @@ impl Compression {
         let new = max_new_tokens.saturating_sub(1);
         let asked = self.asked(per_layer);
         match rule {
-            DecodeRule::Grow => (new, 0),
+            // a long generation grows the cache as it goes (`Generator::next`)
+            DecodeRule::Grow => (new.min(crate::session::GROW_STEP), 0),
             DecodeRule::Indicator { .. } => (asked.saturating_sub(per_layer).min(new), 0),
             // grows to the asked budget, then by up to `every` tokens between two compressions
             DecodeRule::Recompress { every } => ((asked.saturating_sub(per_layer) + every).min(new), 0),
