@@ -24,6 +24,10 @@ cargo test --locked --workspace --no-run
 
 cargo test --locked --workspace --no-fail-fast
 
+# `kvslice serve` with the official `openai` Python client (from PyPI): chat against
+# transformers' answer, streaming, a conversation that reuses its cache, errors, a load test.
+scripts/serve.sh test
+
 # Portability and the browser demo: the web facade's wasm32 build compiles every library crate
 # below the CLI (policy, formats, kernels, cache, model, runtime) for the browser; the page then
 # generates in headless Chromium (WebGPU on SwiftShader) and must match the native CLI's text,

@@ -15,7 +15,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("kvslice-runtime", &["kvslice-cache", "kvslice-formats", "kvslice-kernels", "kvslice-model", "kvslice-policy"]),
     ("kvslice-eval", &["kvslice-formats"]),
     // front ends: the runtime, and the formats for I/O only
-    ("kvslice-cli", &["kvslice-eval", "kvslice-runtime"]),
+    ("kvslice-cli", &["kvslice-eval", "kvslice-runtime", "kvslice-server"]),
+    ("kvslice-server", &["kvslice-runtime"]),
+    ("kvslice-capi", &["kvslice-runtime"]),
     ("kvslice-web", &["kvslice-formats", "kvslice-runtime"]),
     ("kvslice-example-embed", &["kvslice-runtime"]),
     // fuzz targets: the parsers of outside data, none of the crates that build burn

@@ -53,6 +53,39 @@ struct EvictionArgs {
     one_shot: bool,
 }
 
+#[derive(clap::Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// 0 picks a free port (printed on stderr).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Default eviction policy of requests that name none (`kv_policy` in a request overrides
+    /// it; `none` there asks for the full cache).
+    #[arg(long, requires = "budget")]
+    policy: Option<String>,
+    /// Default KV budget (`kv_budget` in a request overrides it).
+    #[arg(long, requires = "policy")]
+    budget: Option<String>,
+    /// Conversations whose cache is kept between requests; the least recently used goes first.
+    #[arg(long, default_value_t = 16)]
+    max_sessions: usize,
+    /// KV storage the kept conversations may hold together, in MiB.
+    #[arg(long, default_value_t = 2048)]
+    kv_memory_mib: u64,
+    /// A kept conversation unused for this many seconds is dropped.
+    #[arg(long, default_value_t = 600)]
+    session_ttl: u64,
+    /// Generations run at once (interleaved a token at a time).
+    #[arg(long, default_value_t = 4)]
+    parallel: usize,
+    /// Requests that may wait for a free generation slot; more are answered 429.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Download the default model (SmolLM2-135M-Instruct) into the cache folder.
@@ -107,6 +140,10 @@ enum Command {
     },
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (`/v1/chat/completions`,
+    /// `/v1/completions`, `/v1/models`, `/health`, `/metrics`); conversations keep their
+    /// (compressed) KV cache between requests.
+    Serve(ServeArgs),
     /// Run the kernel conformance suite (every WGSL kernel against its CPU twin) on a wgpu
     /// adapter; exits with an error when a case fails.
     Conformance {
@@ -231,8 +268,36 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Bench(args) => bench::run(args, cli.verbose),
+        Command::Serve(args) => serve(args, cli.verbose),
         Command::Conformance { device, json } => conformance(&device, json),
     }
+}
+
+/// `kvslice serve`: loads the model, then serves until Ctrl-C.
+fn serve(args: ServeArgs, verbose: bool) -> Result<()> {
+    let path = model_path(&args.model)?;
+    let model_name = path.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
+    let options = kvslice_server::ServeOptions {
+        host: args.host,
+        port: args.port,
+        queue: args.queue,
+        model_name,
+        engine: kvslice_server::EngineConfig {
+            default_kv: args.policy.zip(args.budget),
+            max_sessions: args.max_sessions,
+            kv_memory: args.kv_memory_mib.saturating_mul(1 << 20),
+            parallel: args.parallel,
+            session_ttl: std::time::Duration::from_secs(args.session_ttl),
+        },
+    };
+    let model = args.model.clone();
+    kvslice_server::serve(
+        options,
+        move || open(&model, verbose),
+        |addr| {
+            eprintln!("listening on http://{addr}");
+        },
+    )
 }
 
 /// `kvslice conformance`: the portable suite the browser page runs, on a native adapter.
@@ -266,16 +331,7 @@ fn conformance(device: &str, json: bool) -> Result<()> {
 /// Opens the model on the chosen device.
 pub(crate) fn open(args: &ModelArgs, verbose: bool) -> Result<LoadedModel> {
     let choice: DeviceChoice = args.device.parse()?;
-    let path = match &args.model {
-        Some(p) => p.clone(),
-        None => {
-            let p = fetch::default_model_path()?;
-            if !p.exists() {
-                anyhow::bail!("no --model given and the default model is not fetched yet: run `kvslice fetch`");
-            }
-            p
-        }
-    };
+    let path = model_path(args)?;
     let (device, info) = pollster::block_on(init_device(choice))?;
     if verbose {
         eprintln!("device: {info}");
@@ -298,6 +354,20 @@ pub(crate) fn open(args: &ModelArgs, verbose: bool) -> Result<LoadedModel> {
         );
     }
     Ok(loaded)
+}
+
+/// `--model`, or the fetched default model.
+fn model_path(args: &ModelArgs) -> Result<PathBuf> {
+    match &args.model {
+        Some(p) => Ok(p.clone()),
+        None => {
+            let p = fetch::default_model_path()?;
+            if !p.exists() {
+                anyhow::bail!("no --model given and the default model is not fetched yet: run `kvslice fetch`");
+            }
+            Ok(p)
+        }
+    }
 }
 
 /// Policy specs from a comma-separated list whose entries may carry options of their own
