@@ -9,6 +9,7 @@
 //! `--max-sessions`, the KV memory limit and their idle time. A client that goes away stops its
 //! generation at the next token, and its cache is freed.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
@@ -135,13 +136,26 @@ impl Engine {
                     }
                 };
                 self.metrics.queue_depth.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                self.start(job);
+                // a bug in one request must not take the server down: it fails alone
+                let events = job.events.clone();
+                if catch_unwind(AssertUnwindSafe(|| self.start(job))).is_err() {
+                    Metrics::add(&self.metrics.failed, 1);
+                    let _ =
+                        events.send(Event::Failed(ApiError::server("internal error while starting the generation")));
+                }
                 self.publish();
             }
             // one token for every generation in progress
             let mut i = 0;
             while i < self.active.len() {
-                if self.advance(i) {
+                let ended = catch_unwind(AssertUnwindSafe(|| self.advance(i))).unwrap_or_else(|_| {
+                    let a = &mut self.active[i];
+                    Metrics::add(&self.metrics.failed, 1);
+                    let _ = a.events.send(Event::Failed(ApiError::server("internal error while generating")));
+                    a.failed = true;
+                    true
+                });
+                if ended {
                     let done = self.active.swap_remove(i);
                     self.finish(done);
                 } else {
