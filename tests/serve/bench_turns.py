@@ -71,7 +71,7 @@ def main():
     # the second turn again on a server that keeps no conversation: the whole prompt prefilled
     with Server(args.kvslice, "--device", args.device, "--max-sessions", "0") as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=3600)
-        again, _, usage = turn(client, model, messages[:3] + [{"role": "user", "content": questions[1]}])
+        again, _, usage = turn(client, model, messages[:3])
         print(f"turn 2 re-prefilled: {usage.prompt_tokens} prompt tokens, first token after {again:.2f} s", flush=True)
     later = [r[3] for r in rows[1:]]
     mean = sum(later) / len(later)

@@ -96,6 +96,16 @@ fn metric(addr: SocketAddr, name: &str) -> f64 {
     line.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
+/// Waits (up to 30 s) for a gauge to reach `value`: the engine updates its gauges after it has
+/// answered.
+fn eventually(addr: SocketAddr, name: &str, value: f64) {
+    let t0 = Instant::now();
+    while metric(addr, name) != value {
+        assert!(t0.elapsed() < Duration::from_secs(30), "{name} stays at {} instead of {value}", metric(addr, name));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// The runtime's greedy generation of `max` tokens after `prompt`, under `kv` (policy, budget).
 fn reference(prompt: &[u32], max: usize, kv: Option<(&str, &str)>) -> (Vec<u32>, String) {
     let loaded = load().unwrap();
@@ -291,6 +301,36 @@ fn a_client_that_goes_away_stops_its_generation_and_frees_its_cache() {
     }
     assert!(metric(addr, "decode_tokens_total") < 470.0, "stopped early");
     // nothing kept of it
-    assert_eq!(metric(addr, "kv_bytes_held"), 0.0);
-    assert_eq!(metric(addr, "sessions"), 0.0);
+    eventually(addr, "kv_bytes_held", 0.0);
+    eventually(addr, "sessions", 0.0);
+}
+
+#[test]
+fn kept_conversations_go_least_recently_used_first_under_the_limits() {
+    let continued = |addr: SocketAddr, p: &[u32]| {
+        let r = post(addr, "/v1/completions", &json!({"prompt": p, "max_tokens": 2, "temperature": 0})).json();
+        let ids: Vec<u32> = p.iter().copied().chain(prompt(3, 8)).collect();
+        (r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(), ids)
+    };
+    // one kept conversation at most: b pushes a out
+    let addr = start(EngineConfig { max_sessions: 1, ..config() }, 8);
+    let (a, b) = (prompt(30, 10), prompt(30, 11));
+    let (_, a_next) = continued(addr, &a);
+    let (_, b_next) = continued(addr, &b);
+    eventually(addr, "sessions_evicted_total", 1.0);
+    assert_eq!(continued(addr, &a_next).0, 0, "a was dropped");
+    eventually(addr, "sessions_evicted_total", 2.0);
+    assert_eq!(continued(addr, &b_next).0, 0, "and b after it");
+
+    // a KV memory limit below one conversation's cache keeps none
+    let addr = start(EngineConfig { kv_memory: 1024, ..config() }, 8);
+    let (_, a_next) = continued(addr, &a);
+    eventually(addr, "kv_bytes_held", 0.0);
+    assert_eq!(continued(addr, &a_next).0, 0);
+
+    // an idle conversation expires
+    let addr = start(EngineConfig { session_ttl: Duration::from_millis(200), ..config() }, 8);
+    let (_, a_next) = continued(addr, &a);
+    eventually(addr, "sessions", 0.0);
+    assert_eq!(continued(addr, &a_next).0, 0);
 }
