@@ -228,3 +228,19 @@ fn conformance_checks_every_kernel_on_the_adapter_and_reports_json() {
     let err = one_line_error(&kvslice(&["conformance", "--device", "cpu"]));
     assert!(err.contains("wgpu"), "{err}");
 }
+
+#[test]
+fn serve_refuses_bad_settings_before_listening() {
+    let out = kvslice(&["serve", "--model", "/nonexistent/model.gguf", "--device", "cpu", "--port", "0"]);
+    assert!(one_line_error(&out).contains("/nonexistent/model.gguf"));
+    let model = default_model();
+    let out = kvslice(&[
+        "serve", "--model", &model, "--device", "cpu", "--port", "0", "--policy", "nosuch", "--budget", "10%",
+    ]);
+    assert!(one_line_error(&out).contains("nosuch"));
+    // a port already taken
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let out = kvslice(&["serve", "--model", &model, "--device", "cpu", "--port", &port]);
+    assert!(one_line_error(&out).contains(&port));
+}
