@@ -50,6 +50,11 @@ pub struct EvalArgs {
     /// Only the first N cases.
     #[arg(long)]
     pub limit: Option<usize>,
+    /// Run the K-th (from 0) of N disjoint slices of the cases: `K/N`, or `N` with K from
+    /// `JOB_COMPLETION_INDEX` (a Kubernetes Indexed Job) or `SLURM_ARRAY_TASK_ID` (a Slurm
+    /// array). `kvslice report merge` joins the shards' `--json` reports into one.
+    #[arg(long)]
+    pub shard: Option<String>,
 }
 
 /// Timings of a sweep, to compare with re-prefilling for every run.
@@ -66,6 +71,12 @@ pub fn run(args: EvalArgs, verbose: bool) -> Result<()> {
         kvslice_eval::read_cases(&args.cases).with_context(|| format!("reading {}", args.cases.display()))?;
     if let Some(n) = args.limit {
         cases.truncate(n);
+    }
+    if let Some(spec) = &args.shard {
+        let shard = kvslice_eval::shard::Shard::parse(spec, |v| std::env::var(v).ok())?;
+        let total = cases.len();
+        cases = shard.select(cases);
+        eprintln!("shard {shard}: {} of {total} cases", cases.len());
     }
     let loaded = crate::open(&args.model, verbose)?;
     let model = &loaded.model;

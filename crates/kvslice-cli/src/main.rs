@@ -53,6 +53,20 @@ struct EvictionArgs {
     one_shot: bool,
 }
 
+#[derive(Subcommand)]
+enum ReportCommand {
+    /// Join the reports of `kvslice eval --shard K/N` runs into the report of one run (the
+    /// shards must be disjoint).
+    Merge {
+        /// The shards' `--json` reports.
+        #[arg(required = true)]
+        reports: Vec<PathBuf>,
+        /// Where to write the merged report (default: standard output).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+}
+
 #[derive(clap::Args)]
 struct ServeArgs {
     #[command(flatten)]
@@ -140,6 +154,9 @@ enum Command {
     },
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
+    /// Work on `kvslice eval` reports.
+    #[command(subcommand)]
+    Report(ReportCommand),
     /// Serve the model over an OpenAI-compatible HTTP API (`/v1/chat/completions`,
     /// `/v1/completions`, `/v1/models`, `/health`, `/metrics`); conversations keep their
     /// (compressed) KV cache between requests.
@@ -269,6 +286,18 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Bench(args) => bench::run(args, cli.verbose),
         Command::Serve(args) => serve(args, cli.verbose),
+        Command::Report(ReportCommand::Merge { reports, out }) => {
+            let mut merged = kvslice_eval::Report::default();
+            for path in &reports {
+                let report = kvslice_eval::Report::read(path).with_context(|| format!("reading {}", path.display()))?;
+                merged.merge_disjoint(report).with_context(|| format!("merging {}", path.display()))?;
+            }
+            match out {
+                Some(path) => merged.write(&path)?,
+                None => print!("{}", merged.to_json()?),
+            }
+            Ok(())
+        }
         Command::Conformance { device, json } => conformance(&device, json),
     }
 }

@@ -184,6 +184,31 @@ fn eval_writes_the_stable_report() {
     }
     let table = String::from_utf8(out.stdout).unwrap();
     assert!(table.contains("snapkv") && table.contains("50%"), "{table}");
+
+    // the same sweep as two shards (one from the job environment), merged: the same bytes
+    let mut shards = Vec::new();
+    for (k, spec) in [("0", "0/2"), ("1", "2")] {
+        let path = dir.join(format!("shard-{k}.json"));
+        let out = Command::new(env!("CARGO_BIN_EXE_kvslice"))
+            .args(["eval", "--model", &model, "--device", "cpu", "--cases", &cases, "--policy", "snapkv,streaming-llm"])
+            .args(["--budget", "4096,50%", "--max-new-tokens", "8", "--shard", spec, "--json", path.to_str().unwrap()])
+            .env("JOB_COMPLETION_INDEX", k)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("shard {k}/2")));
+        shards.push(path.to_str().unwrap().to_string());
+    }
+    let merged = dir.join("merged.json");
+    let out = kvslice(&["report", "merge", &shards[0], &shards[1], "--out", merged.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read(&merged).unwrap(), std::fs::read(&json).unwrap());
+    // a shard merged twice is refused
+    let e = one_line_error(&kvslice(&["report", "merge", &shards[0], &shards[0]]));
+    assert!(e.contains("disjoint"), "{e}");
+    let e =
+        one_line_error(&kvslice(&["eval", "--model", &model, "--device", "cpu", "--cases", &cases, "--shard", "2/2"]));
+    assert!(e.contains("2/2"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

