@@ -4,6 +4,7 @@ mod bench;
 mod cases;
 mod eval;
 mod fetch;
+mod ppl;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -154,6 +155,9 @@ enum Command {
     },
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
+    /// Perplexity of a long text decoded token by token with each policy's cache (and the full
+    /// cache), per span of positions.
+    Ppl(ppl::PplArgs),
     /// Work on `kvslice eval` reports.
     #[command(subcommand)]
     Report(ReportCommand),
@@ -286,6 +290,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Bench(args) => bench::run(args, cli.verbose),
         Command::Serve(args) => serve(args, cli.verbose),
+        Command::Ppl(args) => ppl::run(args, cli.verbose),
         Command::Report(ReportCommand::Merge { reports, out }) => {
             let mut merged = kvslice_eval::Report::default();
             for path in &reports {

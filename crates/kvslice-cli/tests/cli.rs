@@ -269,3 +269,33 @@ fn serve_refuses_bad_settings_before_listening() {
     let out = kvslice(&["serve", "--model", &model, "--device", "cpu", "--port", &port]);
     assert!(one_line_error(&out).contains(&port));
 }
+
+#[test]
+fn ppl_reports_every_run_per_span_and_as_json() {
+    let tiny = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/tiny-gguf/tiny-llama-F32.gguf");
+    let tiny = tiny.to_str().unwrap();
+    let dir = std::env::temp_dir().join(format!("kvslice-ppl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("text.txt");
+    std::fs::write(&text, "In the beginning God created the heaven and the earth. ".repeat(4)).unwrap();
+    let json = dir.join("ppl.json");
+    let args = ["ppl", "--model", tiny, "--device", "cpu", "--text", text.to_str().unwrap(), "--tokens", "96"];
+    let out = kvslice(
+        &[&args[..], &["--policy", "streaming-llm", "--budget", "16", "--prefill", "16", "--span", "40"]].concat(),
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("| 0–40 | 40–80 | 80–95 |"), "{table}");
+    assert!(table.contains("| full |") && table.contains("| streaming-llm@16 | 96 |"), "{table}");
+    let out = kvslice(&[&args[..], &["--json", json.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let full = &report["runs"]["full"];
+    let nll: Vec<f64> = full["nll"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+    assert_eq!(nll.len(), 95);
+    let ppl = (nll.iter().sum::<f64>() / 95.0).exp();
+    assert!((full["ppl"].as_f64().unwrap() - ppl).abs() < 1e-9 * ppl);
+    let e = one_line_error(&kvslice(&[&args[..7], &["--tokens", "600"]].concat()));
+    assert!(e.contains("context of 512"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -16,6 +16,7 @@ pub mod limits;
 pub mod loading;
 #[cfg(not(target_family = "wasm"))]
 pub mod paths;
+pub mod perplexity;
 pub mod sampling;
 pub mod session;
 #[cfg(test)]
@@ -33,6 +34,7 @@ pub use kvslice_formats::{ChatMessage, ModelConfig, Tokenizer};
 pub use kvslice_kernels::conformance;
 pub use kvslice_model::Llama;
 pub use loading::LoadedModel;
+pub use perplexity::{Perplexity, perplexity};
 pub use sampling::Sampler;
 pub use session::{Prefilled, Session};
 

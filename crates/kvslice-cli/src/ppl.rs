@@ -1,0 +1,102 @@
+//! `kvslice ppl`: perplexity of a long text decoded token by token under each policy × budget
+//! (StreamingLLM's PG19 setting), beside the full cache.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use kvslice_runtime::{Compression, perplexity};
+use serde_json::json;
+
+use crate::ModelArgs;
+
+#[derive(clap::Args, Clone)]
+pub struct PplArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// A UTF-8 text file; default: the fetched KJV corpus (`kvslice fetch --corpus`).
+    #[arg(long)]
+    pub text: Option<PathBuf>,
+    /// Tokens of the text to score (at most the model's context).
+    #[arg(long, default_value_t = 8192)]
+    pub tokens: usize,
+    /// Policies, comma-separated; the full cache always runs first.
+    #[arg(long, value_delimiter = ',')]
+    pub policy: Vec<String>,
+    /// Budgets, comma-separated (`512` tokens per layer is StreamingLLM's setting).
+    #[arg(long, value_delimiter = ',', default_value = "512")]
+    pub budget: Vec<String>,
+    /// Tokens fed in one pass before decoding starts (at most the smallest budget keeps the
+    /// first predictions the same for every policy).
+    #[arg(long, default_value_t = 256)]
+    pub prefill: usize,
+    /// Perplexity per span of this many positions in the table and the JSON.
+    #[arg(long, default_value_t = 1024)]
+    pub span: usize,
+    /// Write `{"tokens", "runs": {run: {"ppl", "kept_entries", "spans": [...], "nll": [...]}}}`.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+pub fn run(args: PplArgs, verbose: bool) -> Result<()> {
+    let path = match &args.text {
+        Some(p) => p.clone(),
+        None => crate::fetch::fetch_corpus(false, true)?,
+    };
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let loaded = crate::open(&args.model, verbose)?;
+    let model = &loaded.model;
+    let context = model.config.max_position_embeddings;
+    if args.tokens > context || args.tokens < 2 {
+        bail!("--tokens {}: between 2 and the model's context of {context}", args.tokens);
+    }
+    let mut ids = loaded.tokenizer.encode(&text, true)?;
+    if ids.len() < args.tokens {
+        bail!("{} holds {} tokens, fewer than --tokens {}", path.display(), ids.len(), args.tokens);
+    }
+    ids.truncate(args.tokens);
+    if args.span == 0 {
+        bail!("--span must be at least 1");
+    }
+    let info = Compression::model_info(model);
+    let mut runs: Vec<(String, Option<Compression>)> = vec![("full".into(), None)];
+    for name in crate::policy_list(&args.policy) {
+        for budget in &args.budget {
+            let c = Compression::new(&name, budget, &info)?;
+            runs.push((c.label(), Some(c)));
+        }
+    }
+    let spans: Vec<(usize, usize)> =
+        (0..ids.len() - 1).step_by(args.span).map(|s| (s, (s + args.span).min(ids.len() - 1))).collect();
+    println!(
+        "| run | kept KV entries | ppl | {} |",
+        spans.iter().map(|(a, b)| format!("{a}–{b}")).collect::<Vec<_>>().join(" | ")
+    );
+    println!("|---|---:|---:|{}", "---:|".repeat(spans.len()));
+    let mut report = serde_json::Map::new();
+    for (label, c) in &runs {
+        let t0 = std::time::Instant::now();
+        let result = pollster::block_on(perplexity(model, &ids, c.as_ref(), args.prefill, |done, total| {
+            if verbose && done % 512 == 0 {
+                eprintln!("  {label}: {done}/{total}");
+            }
+        }))?;
+        let per_span: Vec<f64> = spans.iter().map(|&(a, b)| result.ppl(a..b)).collect();
+        println!(
+            "| {label} | {} | {:.3} | {} |",
+            result.kept_entries,
+            result.ppl(..),
+            per_span.iter().map(|p| format!("{p:.3}")).collect::<Vec<_>>().join(" | ")
+        );
+        eprintln!("{label}: {} tokens in {:.1}s", ids.len(), t0.elapsed().as_secs_f64());
+        report.insert(
+            label.clone(),
+            json!({"ppl": result.ppl(..), "kept_entries": result.kept_entries, "spans": per_span, "nll": result.nll}),
+        );
+    }
+    if let Some(out) = &args.json {
+        let body = json!({"tokens": ids.len(), "prefill": args.prefill, "span": args.span, "runs": report});
+        std::fs::write(out, serde_json::to_string(&body)? + "\n")
+            .with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(())
+}
