@@ -78,10 +78,7 @@ pub async fn perplexity(
     }
     let rest = ids.len() - first;
     let mut session = match compression {
-        None => {
-            plain.reserve(rest)?;
-            plain
-        }
+        None => plain,
         Some(c) => {
             drop(plain);
             let request = c.request(model.config.num_layers);
@@ -89,11 +86,13 @@ pub async fn perplexity(
             Session::resume(model, &prefilled, Some(c), rest).await?.0
         }
     };
+    // a cache that grows (no decode-time rule) gets room for the whole text once, not a copy
+    // into larger storage as it fills
+    if session.eviction().is_none() {
+        session.reserve(rest)?;
+    }
     progress(first, ids.len() - 1);
     for i in first..ids.len() - 1 {
-        if session.eviction().is_none() {
-            session.reserve(1)?;
-        }
         let logits = session.next_logits(&ids[i..=i]).await?;
         out.nll.push(nll(&logits, ids[i + 1])?);
         progress(i + 1, ids.len() - 1);

@@ -259,20 +259,17 @@ impl Engine {
             .map(|(i, k)| (i, reusable_prefix(&k.session, &prompt), k.session.position() as usize))
             .filter(|&(_, reused, held)| reused > 0 && 2 * reused >= held)
             .max_by_key(|&(_, reused, _)| reused);
+        let prefill = |options| {
+            pollster::block_on(Generator::prefill(&model.model, &prompt, options, compression.as_ref())).map(|g| (g, 0))
+        };
         let started = match best {
             Some((i, _, _)) => {
                 let kept = self.kept.swap_remove(i);
-                match pollster::block_on(Generator::continue_with(kept.session, &prompt, options.clone())) {
-                    Ok((g, reused)) => Ok((g, reused)),
-                    // the kept cache could not take the turn: prefill from scratch
-                    Err(_) => {
-                        pollster::block_on(Generator::prefill(&model.model, &prompt, options, compression.as_ref()))
-                            .map(|g| (g, 0))
-                    }
-                }
+                // a kept cache that cannot take the turn: prefill from scratch
+                pollster::block_on(Generator::continue_with(kept.session, &prompt, options.clone()))
+                    .or_else(|_| prefill(options))
             }
-            None => pollster::block_on(Generator::prefill(&model.model, &prompt, options, compression.as_ref()))
-                .map(|g| (g, 0)),
+            None => prefill(options),
         };
         let (generator, cached) = started.map_err(|e| match e {
             RuntimeError::ContextOverflow { .. } | RuntimeError::Options(_) => ApiError::invalid(e.to_string(), None),
