@@ -6,7 +6,9 @@ Writes, next to the Rust tests of kvslice-policy:
 
 Peers:
   * NVIDIA kvpress 0.5.5 (PyPI), called directly: each press's `compress` (or `score` + the
-    press's own selection) on hand-made modules and tensors; no model is loaded.
+    press's own selection) on hand-made modules and tensors; no model is loaded. The presses
+    that read no attention weights (KeyDiff, LagKV, CURPress, ChunkKV, BlockPress,
+    ExpectedAttention) get none.
   * cakekv (CAKE, ICLR 2025) and FFY0/AdaKV: their prefill eviction formulas, ported below
     (neither is on PyPI); each port follows the published code line by line in torch.
 
@@ -34,9 +36,14 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, repea
 import kvpress
 from kvpress import (
     AdaKVPress,
+    BlockPress,
+    ChunkKVPress,
     CriticalKVPress,
+    CURPress,
     ExpectedAttentionPress,
+    KeyDiffPress,
     KnormPress,
+    LagKVPress,
     ObservedAttentionPress,
     PyramidKVPress,
     SnapKVPress,
@@ -319,6 +326,54 @@ def main():
         per_layer(f"pyramidkv_w32_cr{cr}", "pyramidkv", {"window": 32, "kernel": 5, "beta": 20, "compression_ratio": cr},
                   lambda ly: run_press(PyramidKVPress(compression_ratio=cr, window_size=32, kernel_size=5, beta=20), ly))
         cases[-1]["layer_budgets"] = budgets
+
+    # attention-free presses on the cached keys (and values)
+    for cr in (0.25, 0.5, 0.75):
+        per_layer(f"keydiff_cr{cr}", "keydiff", {"compression_ratio": cr},
+                  lambda ly: run_press(KeyDiffPress(compression_ratio=cr), ly, attentions=False))
+    # LagKV: partitions of 16 (8 scored, a tail of 28) and 24 (5 scored, a tail of 36); the budgets
+    # keep whole ranks of every partition, so no tie between equal ranks is cut
+    for lag, cr in ((16, 0.5), (16, 0.75), (24, 0.25), (24, 0.5)):
+        per_layer(f"lagkv_lag{lag}_cr{cr}", "lagkv", {"n_sink": 4, "lag_size": lag, "cross_scoring": False,
+                                                      "compression_ratio": cr},
+                  lambda ly: run_press(LagKVPress(compression_ratio=cr, n_sink=4, lag_size=lag), ly, attentions=False))
+    for lag, cr in ((16, 0.5), (16, 0.6)):
+        per_layer(f"lagkv_cross_lag{lag}_cr{cr}", "lagkv", {"n_sink": 4, "lag_size": lag, "cross_scoring": True,
+                                                            "compression_ratio": cr},
+                  lambda ly: run_press(LagKVPress(compression_ratio=cr, n_sink=4, lag_size=lag, cross_scoring=True), ly,
+                                       attentions=False))
+    # the default lag of 128 leaves nothing to score in 160 tokens: kvpress's positional fallback
+    per_layer("lagkv_lag128_cr0.5", "lagkv", {"n_sink": 4, "lag_size": 128, "cross_scoring": False,
+                                              "compression_ratio": 0.5},
+              lambda ly: run_press(LagKVPress(compression_ratio=0.5, n_sink=4, lag_size=128), ly, attentions=False))
+    # CurDKV (CURPress, without its random projection): 4 sinks, local windows of 16 (24 leaves a
+    # last window of 16 tokens), every leverage combination
+    for lev, local, w, cr in (("kv_product", True, 16, 0.5), ("kv_product", True, 16, 0.75), ("kv_avg", True, 16, 0.5),
+                              ("key", True, 16, 0.5), ("value", True, 16, 0.5), ("kv_product", False, 16, 0.5),
+                              ("kv_product", True, 24, 0.5)):
+        per_layer(f"cur_{lev}_{'local' + str(w) if local else 'global'}_cr{cr}", "cur",
+                  {"num_sinks": 4, "leverage_type": lev, "use_local_approximation": local, "local_window_size": w,
+                   "compression_ratio": cr},
+                  lambda ly: run_press(CURPress(compression_ratio=cr, num_sinks=4, leverage_type=lev,
+                                                use_local_approximation=local, local_window_size=w), ly,
+                                       attentions=False))
+    # BlockPress: KeyDiff's block-wise prefill, blocks of 32 and 48 after the first n_kept tokens
+    # (KeyDiff does not depend on the order of the cache, which BlockPress leaves in score order)
+    for block, cr in ((32, 0.5), (32, 0.75), (48, 0.5)):
+        per_layer(f"block_keydiff_b{block}_cr{cr}", "block-keydiff", {"block_size": block, "compression_ratio": cr},
+                  lambda ly: run_press(BlockPress(KeyDiffPress(compression_ratio=cr), block_size=block), ly,
+                                       attentions=False))
+    # ChunkKV over SnapKV (window attention computed by the press: ChunkKVPress takes no
+    # attentions) and over KeyDiff; chunks of 24 leave a last chunk of 16 tokens
+    for chunk, cr in ((20, 0.5), (20, 0.75), (24, 0.5)):
+        per_layer(f"chunkkv_snapkv_w16_c{chunk}_cr{cr}", "chunkkv-snapkv",
+                  {"window": 16, "kernel": 5, "chunk_length": chunk, "compression_ratio": cr},
+                  lambda ly: run_press(ChunkKVPress(SnapKVPress(compression_ratio=cr, window_size=16, kernel_size=5),
+                                                    chunk_length=chunk), ly, attentions=False))
+    for chunk, cr in ((20, 0.5), (24, 0.25)):
+        per_layer(f"chunkkv_keydiff_c{chunk}_cr{cr}", "chunkkv-keydiff", {"chunk_length": chunk, "compression_ratio": cr},
+                  lambda ly: run_press(ChunkKVPress(KeyDiffPress(compression_ratio=cr), chunk_length=chunk), ly,
+                                       attentions=False))
 
     # snapkv, the paper's code: window 32, max-pool 7
     for cap in (64, 96):

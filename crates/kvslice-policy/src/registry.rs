@@ -13,8 +13,9 @@ use crate::ladder::Ladder;
 use crate::options::{OptionKind, OptionSpec, Options, PolicySpec};
 use crate::pool::Pooling;
 use crate::scorer::{
-    AnDPro, CakeIndicator, CounterCausal, CriticalKv, ExpectedAttention, H2o, Inertia, Jacap, Knorm, Refresh, Rope,
-    Scorer, SnapKv, Span, StreamingLlm, Temporal, Tova, TwinKv, TwinRepair,
+    AnDPro, Block, CakeIndicator, ChunkKv, CounterCausal, CriticalKv, Cur, ExpectedAttention, H2o, Inertia, Jacap,
+    KeyDiff, Knorm, LagKv, Leverage, Random, Refresh, Rope, Scorer, SnapKv, Span, StreamingLlm, Temporal, Tova, TwinKv,
+    TwinRepair,
 };
 use crate::select::Protect;
 use crate::stats::{GroupReduce, KvView, Needs, QueryMoments, ScoreInput, Scores, WindowStats};
@@ -706,6 +707,104 @@ static REGISTRY: &[Entry] = &[
         build: |o, _| repaired(span(snapkv(o)?, o)?, Uniform, twin_repair(o)?),
     },
     Entry {
+        name: "keydiff",
+        paper: "Park et al. 2025, KeyDiff: Key Similarity-Based KV Cache Eviction for Long-Context LLM Inference in Resource-Constrained Environments (arXiv:2504.15364)",
+        summary: "attention-free: keys least similar (cosine) to their head's mean unit key",
+        options: Vec::new,
+        scored: true,
+        build: |_, _| scored(KeyDiff, Uniform, DecodeSpec::Grow),
+    },
+    Entry {
+        name: "keydiff-block",
+        paper: "Park et al. 2025, KeyDiff (arXiv:2504.15364), its block-wise prefill (kvpress's BlockPress around KeyDiffPress)",
+        summary: "KeyDiff applied block by block: the kept tokens and each block of 128 rescored together",
+        options: || vec![int("block", "128", 1, 65536, "tokens read between two compressions")],
+        scored: true,
+        build: |o, _| scored(Block::new(Box::new(KeyDiff), o.get_usize("block")?)?, Uniform, DecodeSpec::Grow),
+    },
+    Entry {
+        name: "random",
+        paper: "uniform random eviction, the baseline of kvpress's RandomPress (seeded SplitMix64 draws)",
+        summary: "a seeded uniform sample of the tokens",
+        options: || {
+            vec![
+                int("seed", "0", 0, 4_294_967_295, "seed of the draws (the same seed keeps the same tokens)"),
+                int("sinks", "0", 0, 4096, "initial tokens always kept"),
+                int("recent", "0", 0, 4096, "newest tokens always kept"),
+            ]
+        },
+        scored: true,
+        build: |o, _| {
+            let seed = o.get_usize("seed")? as u64;
+            scored(Random::new(seed, o.get_usize("sinks")?, o.get_usize("recent")?), Uniform, DecodeSpec::Grow)
+        },
+    },
+    Entry {
+        name: "chunkkv",
+        paper: "Liu et al. 2025, ChunkKV: Semantic-Preserving KV Cache Compression for Efficient Long-Context LLM Inference (arXiv:2502.00299)",
+        summary: "whole chunks of 20 tokens ranked by their SnapKV scores (kvpress defaults), the same for every head",
+        options: || {
+            let mut o = snap_kvpress();
+            o.push(int("chunk", "20", 1, 4096, "tokens per chunk; chunks are kept or evicted whole"));
+            o
+        },
+        scored: true,
+        build: |o, _| scored(ChunkKv::new(Box::new(snapkv(o)?), o.get_usize("chunk")?)?, Uniform, DecodeSpec::Grow),
+    },
+    Entry {
+        name: "lagkv",
+        paper: "Liang et al. 2025, LagKV: Lag-Relative Information of the KV Cache Tells Which Tokens Are Important (arXiv:2504.04704)",
+        summary: "attention-free: keys/values min-max normalised by the next partition of 128, ranked per partition",
+        options: || {
+            vec![
+                int("sinks", "4", 0, 4096, "initial tokens always kept (attention sinks)"),
+                int("lag", "128", 1, 65536, "partition length: each partition is scored against the next one"),
+                boolean(
+                    "cross",
+                    "false",
+                    "keep the raw scores, comparable across partitions, instead of in-partition ranks",
+                ),
+            ]
+        },
+        scored: true,
+        build: |o, _| {
+            scored(
+                LagKv::new(o.get_usize("sinks")?, o.get_usize("lag")?, o.get_bool("cross")?)?,
+                Uniform,
+                DecodeSpec::Grow,
+            )
+        },
+    },
+    Entry {
+        name: "cur",
+        paper: "Sengupta et al. 2025, Value-Guided KV Compression for LLMs via Approximated CUR Decomposition (CurDKV, NeurIPS 2025, arXiv:2509.15038)",
+        summary: "attention-free: key × value leverage (squared norms, normalised per window of 16), 4 sinks",
+        options: || {
+            vec![
+                int("sinks", "4", 0, 4096, "initial tokens always kept (attention sinks)"),
+                choice(
+                    "leverage",
+                    "kv_product",
+                    &["kv_product", "kv_avg", "key", "value"],
+                    "combination of the key and value leverages",
+                ),
+                boolean("local", "true", "normalise the squared norms over windows of `local_window` positions"),
+                int("local_window", "16", 1, 65536, "window of the local normalisation"),
+            ]
+        },
+        scored: true,
+        build: |o, _| {
+            let leverage = match o.get_str("leverage")? {
+                "kv_avg" => Leverage::KvAvg,
+                "key" => Leverage::Key,
+                "value" => Leverage::Value,
+                _ => Leverage::KvProduct,
+            };
+            let local = o.get_bool("local")?.then_some(o.get_usize("local_window")?);
+            scored(Cur::new(o.get_usize("sinks")?, leverage, local)?, Uniform, DecodeSpec::Grow)
+        },
+    },
+    Entry {
         name: "lacache",
         paper: "Shi et al. 2025, LaCache: Ladder-Shaped KV Caching for Efficient Long-Context Modeling (arXiv:2507.14204)",
         summary: "ladder of positions across layers (span 16, overlap 0, 4 sinks), iterative compaction",
@@ -854,6 +953,12 @@ mod tests {
             ("jacap-span", old(Span::new(Box::new(Jacap::default())), Uniform, None)),
             ("twinkv-span", old(Span::new(Box::new(TwinKv::default())), Uniform, None)),
             ("snapkv-span-twin", old(Span::new(Box::new(SnapKv::default())), Uniform, twin)),
+            ("keydiff", old(KeyDiff, Uniform, None)),
+            ("keydiff-block", old(Block::new(Box::new(KeyDiff), 128).unwrap(), Uniform, None)),
+            ("random", old(Random::default(), Uniform, None)),
+            ("chunkkv", old(ChunkKv::new(Box::new(SnapKv::default()), 20).unwrap(), Uniform, None)),
+            ("lagkv", old(LagKv::default(), Uniform, None)),
+            ("cur", old(Cur::default(), Uniform, None)),
             ("lacache", format!("{:?}", Ladder::default())),
         ];
         assert_eq!(expected.len(), registry().len());

@@ -384,3 +384,292 @@ fn registry_lists_every_policy_with_its_paper() {
         other => panic!("{other:?}"),
     }
 }
+
+fn kv<'a>(kv_heads: usize, len: usize, d: usize, keys: &'a [f32], values: Option<&'a [f32]>) -> KvView<'a> {
+    KvView { kv_heads, len, head_dim: d, keys: Some(keys), values }
+}
+
+#[test]
+fn keydiff_keeps_keys_unlike_the_mean_unit_key() {
+    // head 0: unit keys (0.6, 0.8), (0, 1), (−1, 0) and a zero key (which stays zero):
+    // anchor a = (−0.1, 0.45), ‖a‖ = √0.2125; cos = (0.3, 0.45, 0.1)/‖a‖, and 0 for the zero key
+    // head 1: unit keys (1, 0), (1, 0), (0, 1), (0, −1): a = (0.5, 0); cos = 1, 1, 0, 0 — the
+    // norm of a key does not matter, only its direction
+    let s = stats(2, 2, 4, 1);
+    let keys = [3.0, 4.0, 0.0, 2.0, -1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 5.0, 0.0, 0.0, 2.0, 0.0, -1.0];
+    let input = ScoreInput { kv: Some(kv(2, 4, 2, &keys, None)), ..ScoreInput::new(&s, 2) };
+    let sc = KeyDiff.score(&input).unwrap();
+    let an = 0.2125f64.sqrt();
+    close(sc.row(0), &[-0.3 / an, -0.45 / an, -0.1 / an, 0.0], 1e-6);
+    close(sc.row(1), &[-1.0, -1.0, 0.0, 0.0], 1e-6);
+    assert_eq!(KeyDiff.protect(2), Protect::NONE);
+    assert_eq!(select_top_k(sc.row(0), 2, Protect::NONE).unwrap(), vec![2, 3]);
+    assert_eq!(select_top_k(sc.row(0), 3, Protect::NONE).unwrap(), vec![0, 2, 3]);
+    assert_eq!(select_top_k(sc.row(1), 2, Protect::NONE).unwrap(), vec![2, 3]);
+    // all keys zero: the anchor is zero and every score 0
+    let zeros = [0.0; 8];
+    let s1 = stats(1, 1, 4, 1);
+    let input = ScoreInput { kv: Some(kv(1, 4, 2, &zeros, None)), ..ScoreInput::new(&s1, 2) };
+    close(KeyDiff.score(&input).unwrap().row(0), &[0.0; 4], 0.0);
+    assert!(matches!(KeyDiff.score(&ScoreInput::new(&s, 2)), Err(PolicyError::MissingInput { .. })));
+}
+
+#[test]
+fn random_draws_are_splitmix64() {
+    use kvslice_policy::scorer::random::splitmix64;
+    // the published first outputs of SplitMix64 seeded with 0
+    assert_eq!(splitmix64(0, 0), 0xE220_A839_7B1D_CDAF);
+    assert_eq!(splitmix64(0, 1), 0x6E78_9E6A_A1B9_65F4);
+    assert_eq!(splitmix64(0, 2), 0x06C4_5D18_8009_454F);
+    // head 0, position j takes output j: its top 24 bits over 2^24
+    let r = Random::new(0, 0, 0);
+    assert_eq!(r.draw(0, 0), 0xE2_20A8 as f32 / 16_777_216.0);
+    assert_eq!(r.draw(0, 2), 0x06_C45D as f32 / 16_777_216.0);
+    let s = stats(1, 1, 3, 1);
+    let sc = r.score(&ScoreInput::new(&s, 1)).unwrap();
+    assert_eq!(sc.row(0)[1], 0x6E_789E as f32 / 16_777_216.0);
+    // the largest of the three (0.88) is kept at a budget of 1
+    assert_eq!(select_top_k(sc.row(0), 1, r.protect(1)).unwrap(), vec![0]);
+}
+
+#[test]
+fn random_keeps_a_uniform_seeded_sample() {
+    let n = 20_000;
+    let s = stats(2, 2, n, 1);
+    let score = |seed| Random::new(seed, 0, 0).score(&ScoreInput::new(&s, n / 2)).unwrap();
+    let a = score(0);
+    // uniform values: 10 bins of 0.1 hold 2000 draws each (binomial sd ≈ 42; 6 sd allowed)
+    let mut bins = [0usize; 10];
+    for &x in a.row(0) {
+        assert!((0.0..1.0).contains(&x));
+        bins[(x * 10.0) as usize] += 1;
+    }
+    assert!(bins.iter().all(|&b| b.abs_diff(2000) <= 250), "{bins:?}");
+    // keeping half: each tenth of the prompt keeps about half of its 2000 tokens (sd ≈ 22)
+    let kept = select_top_k(a.row(0), n / 2, Protect::NONE).unwrap();
+    let mut per = [0usize; 10];
+    kept.iter().for_each(|&j| per[j as usize / 2000] += 1);
+    assert!(per.iter().all(|&c| c.abs_diff(1000) <= 140), "{per:?}");
+    // the same seed draws the same numbers; another seed, or another head, an independent sample:
+    // two independent halves share about a quarter of the prompt (sd ≈ 61)
+    assert_eq!(score(0), a);
+    let other = select_top_k(score(1).row(0), n / 2, Protect::NONE).unwrap();
+    let head1 = select_top_k(a.row(1), n / 2, Protect::NONE).unwrap();
+    for b in [&other, &head1] {
+        let common = kept.iter().filter(|j| b.binary_search(j).is_ok()).count();
+        assert!(common.abs_diff(5000) <= 400, "{common}");
+    }
+    // a token's draw does not depend on the prompt's length
+    let s100 = stats(2, 2, 100, 1);
+    let short = Random::new(0, 0, 0).score(&ScoreInput::new(&s100, 50)).unwrap();
+    assert_eq!(short.row(1), &a.row(1)[..100]);
+}
+
+#[test]
+fn random_keeps_its_sinks_and_recent_window() {
+    let model = ModelInfo { head_dim: 8, rope_theta: 10_000.0 };
+    let s = stats(1, 1, 64, 1);
+    let layers = [LayerInput::new(&s)];
+    let p = build_spec("random:seed=7,sinks=4,recent=8", &model).unwrap();
+    assert_eq!(p.protect(24), Protect { sinks: 4, recent: 8 });
+    let kept = &p.plan(&layers, &"24".parse().unwrap()).unwrap().kept[0][0];
+    assert_eq!(kept.len(), 24);
+    assert!((0..4).chain(56..64).all(|j| kept.contains(&j)), "{kept:?}");
+    // the 12 others are the 12 best draws of positions 4..56 under seed 7
+    let r = Random::new(7, 0, 0);
+    let mut free: Vec<u32> = (4..56).collect();
+    free.sort_by(|&a, &b| r.draw(0, b as usize).total_cmp(&r.draw(0, a as usize)));
+    let mut want: Vec<u32> = free[..12].iter().copied().chain((0..4).chain(56..64)).collect();
+    want.sort_unstable();
+    assert_eq!(kept, &want);
+    // kvpress's press protects nothing: neither does the default
+    assert_eq!(build("random", &model).unwrap().protect(24), Protect::NONE);
+    // another seed, another sample
+    let q = build_spec("random:seed=8,sinks=4,recent=8", &model).unwrap();
+    assert_ne!(q.plan(&layers, &"24".parse().unwrap()).unwrap().kept[0][0], *kept);
+}
+
+/// Fixed scores, nothing protected.
+#[derive(Debug)]
+struct Fixed(Scores);
+
+impl Scorer for Fixed {
+    fn name(&self) -> &'static str {
+        "fixed"
+    }
+    fn needs(&self) -> Needs {
+        Needs::default()
+    }
+    fn protect(&self, _budget: usize) -> Protect {
+        Protect::NONE
+    }
+    fn score(&self, _input: &ScoreInput<'_>) -> Result<Scores> {
+        Ok(self.0.clone())
+    }
+}
+
+#[test]
+fn chunkkv_keeps_whole_chunks_by_their_head_summed_mean() {
+    // SnapKV without pooling, 2 KV heads of one query head each, n = 8, window 2 (6 and 7):
+    // prefix means h0 = (.1 .2 .3 .1 .1 .4), h1 = (.1 .1 .1 .2 .2 .1); the window takes the
+    // largest prefix score plus one, 0.4 + 1 = 1.4, on both heads (its own 0.9 is not read).
+    // Summed over heads: .2 .3 .4 .3 .3 .5 2.8 2.8; chunks of 3: (0..3) 0.3, (3..6) 1.1/3,
+    // (6..8) mean 2.8 — the same for both heads.
+    let mut s = stats(2, 2, 8, 2);
+    s.mean = vec![0.1, 0.2, 0.3, 0.1, 0.1, 0.4, 0.9, 0.9, 0.1, 0.1, 0.1, 0.2, 0.2, 0.1, 0.9, 0.9];
+    let snap = SnapKv::new(2, Pooling::None, GroupReduce::Mean).unwrap();
+    let c = ChunkKv::new(Box::new(snap), 3).unwrap();
+    let sc = c.score(&ScoreInput::new(&s, 5)).unwrap();
+    let mid = 1.1 / 3.0;
+    for h in 0..2 {
+        close(sc.row(h), &[0.3, 0.3, 0.3, mid, mid, mid, 2.8, 2.8], 1e-6);
+    }
+    assert_eq!(c.protect(5), Protect::NONE);
+    assert_eq!(c.needs().window, 2);
+    for (budget, kept) in [(2, vec![6, 7]), (5, vec![3, 4, 5, 6, 7]), (6, vec![0, 3, 4, 5, 6, 7])] {
+        assert_eq!(select_heads(&sc, &[budget, budget], c.protect(budget)).unwrap(), vec![kept.clone(), kept]);
+    }
+    // a shorter last chunk competes by its mean: (2 2 2 | 0 0 0 | 2.5) → 2, 0, 2.5 (by sums it
+    // would come second, 2.5 < 6)
+    let fixed = Fixed(Scores { kv_heads: 1, len: 7, data: vec![2.0, 2.0, 2.0, 0.0, 0.0, 0.0, 2.5] });
+    let c = ChunkKv::new(Box::new(fixed), 3).unwrap();
+    let s1 = stats(1, 1, 7, 1);
+    let sc = c.score(&ScoreInput::new(&s1, 4)).unwrap();
+    close(sc.row(0), &[2.0, 2.0, 2.0, 0.0, 0.0, 0.0, 2.5], 0.0);
+    assert_eq!(select_top_k(sc.row(0), 1, Protect::NONE).unwrap(), vec![6]);
+    assert_eq!(select_top_k(sc.row(0), 4, Protect::NONE).unwrap(), vec![0, 1, 2, 6]);
+    // a budget between whole chunks takes the first tokens of the next chunk
+    assert_eq!(select_top_k(sc.row(0), 5, Protect::NONE).unwrap(), vec![0, 1, 2, 3, 6]);
+    // a prompt shorter than a chunk: the inner scores, head by head
+    let fixed = Fixed(Scores { kv_heads: 2, len: 2, data: vec![1.0, 2.0, 2.0, 1.0] });
+    let c = ChunkKv::new(Box::new(fixed), 3).unwrap();
+    let s2 = stats(2, 2, 2, 1);
+    let sc = c.score(&ScoreInput::new(&s2, 1)).unwrap();
+    assert_eq!(select_heads(&sc, &[1, 1], Protect::NONE).unwrap(), vec![vec![1], vec![0]]);
+    assert!(ChunkKv::new(Box::new(Knorm), 0).is_err());
+    assert!(ChunkKv::new(Box::new(Knorm), 4097).is_err());
+}
+
+#[test]
+fn lagkv_scores_each_partition_against_the_next() {
+    // sinks 1, lag 2, d 2, n 6: partition (1, 2) is scored against (3, 4); the tail 3..6 has no
+    // reference and ranks first, newest first: 1, 1 + 1/3, 1 + 2/3.
+    // keys: reference (0, 0), (2, 4): min (0, 0), range (2, 4); k1 = (1, 4) → (0.5, 1),
+    //   unbiased std of two channels |a − b|/√2 = √0.125; k2 = (2, 0) → (1, 0), std √0.5
+    // values: reference (1, 1), (3, 1): min (1, 1), range (2, 0) — the constant channel gives 0;
+    //   v1 = (2, 5) → (0.5, 0), std √0.125; v2 = (1.5, 7) → (0.25, 0), std √0.03125
+    // softmax over the partition: pK1 = 1/(1 + e^(√0.5 − √0.125)), pV1 = 1/(1 + e^(√0.03125 − √0.125))
+    // u1 = (pK1 + pV1)/2 ≈ 0.478 < u2 = 1 − u1: in-partition ranks 0 and 1, over lag 2: 0 and 0.5
+    let s = stats(1, 1, 6, 1);
+    let keys = [9.0, 9.0, 1.0, 4.0, 2.0, 0.0, 0.0, 0.0, 2.0, 4.0, 7.0, 7.0];
+    let values = [0.0, 0.0, 2.0, 5.0, 1.5, 7.0, 1.0, 1.0, 3.0, 1.0, 0.0, 0.0];
+    let input = ScoreInput { kv: Some(kv(1, 6, 2, &keys, Some(&values))), ..ScoreInput::new(&s, 4) };
+    let lag = LagKv::new(1, 2, false).unwrap();
+    let sc = lag.score(&input).unwrap();
+    close(sc.row(0), &[0.0, 0.0, 0.5, 1.0, 4.0 / 3.0, 5.0 / 3.0], 1e-6);
+    assert_eq!(lag.protect(4), Protect { sinks: 1, recent: 0 });
+    assert_eq!(select_top_k(sc.row(0), 2, lag.protect(2)).unwrap(), vec![0, 5]);
+    assert_eq!(select_top_k(sc.row(0), 4, lag.protect(4)).unwrap(), vec![0, 3, 4, 5]);
+    assert_eq!(select_top_k(sc.row(0), 5, lag.protect(5)).unwrap(), vec![0, 2, 3, 4, 5]);
+    // cross scoring keeps u itself
+    let pk1 = 1.0 / (1.0 + (0.5f64.sqrt() - 0.125f64.sqrt()).exp());
+    let pv1 = 1.0 / (1.0 + (0.03125f64.sqrt() - 0.125f64.sqrt()).exp());
+    let u1 = (pk1 + pv1) / 2.0;
+    assert!((u1 - 0.4783).abs() < 1e-4);
+    let cross = LagKv::new(1, 2, true).unwrap().score(&input).unwrap();
+    close(cross.row(0), &[0.0, u1, 1.0 - u1, 1.0, 4.0 / 3.0, 5.0 / 3.0], 1e-6);
+    // fewer than sinks + 2·lag tokens: positions after the sinks, (j − 1)/3, newest first
+    let s4 = stats(1, 1, 4, 1);
+    let input = ScoreInput { kv: Some(kv(1, 4, 2, &keys[..8], Some(&values[..8]))), ..ScoreInput::new(&s4, 2) };
+    let sc = lag.score(&input).unwrap();
+    close(sc.row(0), &[0.0, 0.0, 1.0 / 3.0, 2.0 / 3.0], 1e-7);
+    assert_eq!(select_top_k(sc.row(0), 2, lag.protect(2)).unwrap(), vec![0, 3]);
+    // keys without values is an error
+    let input = ScoreInput { kv: Some(kv(1, 4, 2, &keys[..8], None)), ..ScoreInput::new(&s4, 2) };
+    assert!(matches!(lag.score(&input), Err(PolicyError::MissingInput { .. })));
+    assert!(LagKv::new(4, 0, false).is_err());
+}
+
+#[test]
+fn cur_leverages_are_window_normalised_squared_norms() {
+    // d = 1, n = 5, windows of 2: [0, 1], [2, 3], [4]
+    // keys 1 1 2 3 4 → k² 1 1 4 9 16, window sums 2 13 16 → κ = .5 .5 4/13 9/13 1 (sum 3)
+    // values 1 2 1 1 2 → v² 1 4 1 1 4, window sums 5 2 4 → ν = .2 .8 .5 .5 1 (sum 3)
+    let s = stats(1, 1, 5, 1);
+    let keys = [1.0, 1.0, 2.0, 3.0, 4.0];
+    let values = [1.0, 2.0, 1.0, 1.0, 2.0];
+    let input = ScoreInput { kv: Some(kv(1, 5, 1, &keys, Some(&values))), ..ScoreInput::new(&s, 3) };
+    let score = |leverage, local| Cur::new(1, leverage, local).unwrap().score(&input).unwrap().row(0).to_vec();
+    // κ·ν = .1 .4 2/13 4.5/13 1, sum 2
+    let product = score(Leverage::KvProduct, Some(2));
+    close(&product, &[0.05, 0.2, 1.0 / 13.0, 2.25 / 13.0, 0.5], 1e-7);
+    close(&score(Leverage::Key, Some(2)), &[1.0 / 6.0, 1.0 / 6.0, 4.0 / 39.0, 3.0 / 13.0, 1.0 / 3.0], 1e-7);
+    close(&score(Leverage::Value, Some(2)), &[1.0 / 15.0, 4.0 / 15.0, 1.0 / 6.0, 1.0 / 6.0, 1.0 / 3.0], 1e-7);
+    // (κ + ν)/2 = .35 .65 (4/13 + .5)/2 (9/13 + .5)/2 1, sum 3
+    let avg = [0.35, 0.65, (4.0 / 13.0 + 0.5) / 2.0, (9.0 / 13.0 + 0.5) / 2.0, 1.0].map(|x| x / 3.0);
+    close(&score(Leverage::KvAvg, Some(2)), &avg, 1e-7);
+    // without the local windows: k²·v² = 1 4 4 9 64 over 82
+    close(&score(Leverage::KvProduct, None), &[1.0, 4.0, 4.0, 9.0, 64.0].map(|x| x / 82.0), 1e-7);
+    // the sink is kept, then .5 (4) and .2 (1), then .173 (3)
+    let cur = Cur::new(1, Leverage::KvProduct, Some(2)).unwrap();
+    assert_eq!(cur.protect(3), Protect { sinks: 1, recent: 0 });
+    assert_eq!(select_top_k(&product, 3, cur.protect(3)).unwrap(), vec![0, 1, 4]);
+    assert_eq!(select_top_k(&product, 4, cur.protect(4)).unwrap(), vec![0, 1, 3, 4]);
+    // the value leverage reads no keys; a window of zero keys scores 0
+    let only_values = ScoreInput { kv: Some(KvView { keys: None, ..kv(1, 5, 1, &keys, Some(&values)) }), ..input };
+    let value = Cur::new(1, Leverage::Value, Some(2)).unwrap();
+    assert!(!value.needs().keys && value.needs().values);
+    close(value.score(&only_values).unwrap().row(0), &[1.0 / 15.0, 4.0 / 15.0, 1.0 / 6.0, 1.0 / 6.0, 1.0 / 3.0], 1e-7);
+    assert!(matches!(cur.score(&only_values), Err(PolicyError::MissingInput { .. })));
+    let zero_start = [0.0, 0.0, 2.0, 3.0, 4.0];
+    let input = ScoreInput { kv: Some(kv(1, 5, 1, &zero_start, Some(&values))), ..ScoreInput::new(&s, 3) };
+    let key = Cur::new(1, Leverage::Key, Some(2)).unwrap().score(&input).unwrap();
+    close(key.row(0), &[0.0, 0.0, 4.0 / 26.0, 9.0 / 26.0, 0.5], 1e-7);
+    assert!(Cur::new(4, Leverage::Key, Some(0)).is_err());
+}
+
+#[test]
+fn block_rescores_the_kept_tokens_with_each_block() {
+    // KeyDiff, k = 2, blocks of 1; keys (1, 0), (0, 1), (1, 1), (−1, 0), (0, −1).
+    // One shot: the anchor points at 45°; cosines r r 1 −r −r (r = 1/√2) → keeps 3 and 4.
+    // Block by block, from {0, 1}:
+    //   + 2: units (1, 0), (0, 1), (r, r), anchor at 45°, cosines r r 1 → 2 goes (score 0)
+    //   + 3: units (1, 0), (0, 1), (−1, 0), anchor (0, 1/3), cosines 0 1 0 → 1 goes (score 1)
+    //   + 4: units (1, 0), (−1, 0), (0, −1), anchor (0, −1/3), cosines 0 0 1 → 4 goes (score 2)
+    //   kept to the end: 0 and 3 (score 3)
+    let s = stats(1, 1, 5, 1);
+    let keys = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, -1.0, 0.0, 0.0, -1.0];
+    let input = ScoreInput { kv: Some(kv(1, 5, 2, &keys, None)), ..ScoreInput::new(&s, 2) };
+    let one_shot = KeyDiff.score(&input).unwrap();
+    assert_eq!(select_top_k(one_shot.row(0), 2, Protect::NONE).unwrap(), vec![3, 4]);
+    let block = Block::new(Box::new(KeyDiff), 1).unwrap();
+    let sc = block.score(&input).unwrap();
+    close(sc.row(0), &[3.0, 1.0, 0.0, 3.0, 2.0], 0.0);
+    assert_eq!(select_top_k(sc.row(0), 2, block.protect(2)).unwrap(), vec![0, 3]);
+    // blocks of 3 hold the rest of the prompt at once: one round, the one-shot choice
+    let sc = Block::new(Box::new(KeyDiff), 3).unwrap().score(&input).unwrap();
+    assert_eq!(select_top_k(sc.row(0), 2, Protect::NONE).unwrap(), vec![3, 4]);
+    // Knorm, k = 2, blocks of 2, norms 3 1 2 5 0.5 4: {0, 1, 2, 3} keeps 1, 2 (0 and 3 score 0);
+    // {1, 2, 4, 5} keeps 4, 1 (2 and 5 score 1); 1 and 4 score 2
+    let keys = [3.0, 1.0, 2.0, 5.0, 0.5, 4.0];
+    let s6 = stats(1, 1, 6, 1);
+    let input = ScoreInput { kv: Some(kv(1, 6, 1, &keys, None)), ..ScoreInput::new(&s6, 2) };
+    let sc = Block::new(Box::new(Knorm), 2).unwrap().score(&input).unwrap();
+    close(sc.row(0), &[0.0, 2.0, 1.0, 0.0, 2.0, 1.0], 0.0);
+    // the inner scorer's sinks are kept in every round: CurDKV with 1 sink, keys only, no local
+    // windows, k = 2, blocks of 2, norms 0.5 1 2 5 3 4 (squares .25 1 4 25 9 16): {0, 1, 2, 3}
+    // keeps the sink 0 and 3 (25), not 2 (4): 1 and 2 score 0; {0, 3, 4, 5} keeps 0 and 3 (25 >
+    // 16 > 9): 4 and 5 score 1
+    let keys = [0.5, 1.0, 2.0, 5.0, 3.0, 4.0];
+    let input = ScoreInput { kv: Some(kv(1, 6, 1, &keys, None)), ..ScoreInput::new(&s6, 2) };
+    let cur = Cur::new(1, Leverage::Key, None).unwrap();
+    let sc = Block::new(Box::new(cur), 2).unwrap().score(&input).unwrap();
+    close(sc.row(0), &[2.0, 0.0, 0.0, 2.0, 1.0, 1.0], 0.0);
+    let no_sink = Block::new(Box::new(Cur::new(0, Leverage::Key, None).unwrap()), 2).unwrap();
+    assert_eq!(select_top_k(no_sink.score(&input).unwrap().row(0), 2, Protect::NONE).unwrap(), vec![3, 5]);
+    // only scorers of keys and values can be rescored on a part of the cache
+    assert!(Block::new(Box::new(SnapKv::default()), 8).is_err());
+    assert!(Block::new(Box::new(Random::default()), 8).is_err());
+    assert!(Block::new(Box::new(KeyDiff), 0).is_err());
+    assert!(matches!(block.score(&ScoreInput::new(&s, 2)), Err(PolicyError::MissingInput { .. })));
+}

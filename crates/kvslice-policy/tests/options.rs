@@ -7,7 +7,7 @@ use common::Peers;
 use kvslice_policy::alloc::Cake;
 use kvslice_policy::{
     BudgetSpec, DecodeRule, DecodeSpec, Ladder, LayerInput, ModelInfo, OptionKind, Plan, Policy, PolicyError,
-    PolicySpec, Refresh, Temporal, WindowStats, build, build_spec, listing_verbose, lookup, registry,
+    PolicySpec, Protect, Refresh, Temporal, WindowStats, build, build_spec, listing_verbose, lookup, registry,
 };
 
 const MODEL: ModelInfo = ModelInfo { head_dim: 8, rope_theta: 10_000.0 };
@@ -187,6 +187,12 @@ fn every_entry_declares_the_decode_rule_the_runtime_used_by_name() {
         ("jacap-span", DecodeRule::Grow),
         ("twinkv-span", DecodeRule::Grow),
         ("snapkv-span-twin", DecodeRule::Grow),
+        ("keydiff", DecodeRule::Grow),
+        ("keydiff-block", DecodeRule::Grow),
+        ("random", DecodeRule::Grow),
+        ("chunkkv", DecodeRule::Grow),
+        ("lagkv", DecodeRule::Grow),
+        ("cur", DecodeRule::Grow),
         ("lacache", DecodeRule::Ladder(Ladder::new(16, 0, 4).unwrap())),
     ];
     assert_eq!(registry().iter().map(|e| e.name).collect::<Vec<_>>(), expected.iter().map(|e| e.0).collect::<Vec<_>>());
@@ -301,6 +307,22 @@ fn options_change_the_policy() {
         DecodeRule::Indicator { window: 16, gamma: 200.0 }
     );
     assert_eq!(build("cake:tau1=2,tau2=0.5", &MODEL).unwrap().cascade(), Some(Cake::new(2.0, 0.5).unwrap()));
+    // the kvpress ports: ChunkKV's window reaches its SnapKV scores and protects nothing itself
+    let c = build("chunkkv:window=16,chunk=8", &MODEL).unwrap();
+    assert_eq!((c.needs().window, c.protect(64)), (16, Protect::NONE));
+    assert_eq!(build("random:sinks=2,recent=3", &MODEL).unwrap().protect(64), Protect { sinks: 2, recent: 3 });
+    assert_eq!(build("lagkv", &MODEL).unwrap().protect(64), Protect { sinks: 4, recent: 0 });
+    assert_eq!(build("lagkv:sinks=0", &MODEL).unwrap().protect(64), Protect::NONE);
+    let lag = build("lagkv", &MODEL).unwrap().needs();
+    assert!(lag.keys && lag.values && lag.window == 0);
+    assert_eq!(build("cur:sinks=2", &MODEL).unwrap().protect(64).sinks, 2);
+    let value = build("cur:leverage=value", &MODEL).unwrap().needs();
+    assert!(!value.keys && value.values);
+    let key = build("cur:leverage=key", &MODEL).unwrap().needs();
+    assert!(key.keys && !key.values);
+    assert!(build("keydiff-block:block=16", &MODEL).unwrap().needs().keys);
+    assert_eq!(invalid(build_spec("chunkkv:chunk=0", &MODEL)).1, "0 lies outside 1..=4096");
+    assert_eq!(invalid(build_spec("random:seed=-1", &MODEL)).1, "-1 lies outside 0..=4294967295");
 }
 
 /// One head, 4 tokens, window 2 (positions 2 and 3 kept): mean (0.5, 0.1) and variance
