@@ -9,14 +9,16 @@ use kvslice_eval::{Corpus, Kind};
 
 #[derive(clap::Args, Clone)]
 pub struct CasesArgs {
-    /// Case kinds, comma-separated: passkey, niah-single, niah-multikey, niah-multivalue,
-    /// variable-tracking.
+    /// Case kinds, comma-separated: prompts (passkey, niah-single, niah-multikey,
+    /// niah-multivalue, variable-tracking) or documents asked several questions each (doc-niah,
+    /// doc-vt).
     #[arg(long, value_delimiter = ',', required = true)]
     pub kind: Vec<Kind>,
     /// Prompt lengths in tokens (each prompt is within 1% below), comma-separated.
     #[arg(long, value_delimiter = ',', required = true)]
     pub tokens: Vec<usize>,
-    /// Depths of the asked needle in percent of the haystack, comma-separated.
+    /// Depths of the asked needle in percent of the haystack, comma-separated (prompt kinds;
+    /// documents place their needles themselves).
     #[arg(long, value_delimiter = ',', default_value = "25,50,75")]
     pub depths: Vec<u32>,
     #[arg(long, default_value_t = 1)]
@@ -55,7 +57,7 @@ pub fn run(args: CasesArgs) -> Result<()> {
     // and generation reports it.
     let count = |text: &str| kvslice_eval::tokens::count_plain(&tokenizer, text).unwrap_or(usize::MAX);
     let cases = kvslice_eval::suite(&corpus, &args.kind, &args.tokens, &args.depths, args.seed, &count)?;
-    let text = kvslice_eval::cases_to_jsonl(&cases)?;
+    let text = kvslice_eval::entries_to_jsonl(&cases)?;
     match args.out {
         Some(path) => {
             std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;

@@ -4,11 +4,19 @@
 //! is prefilled once with the statistics every requested policy needs; then the full cache and
 //! every policy × budget pair are each one compression of that prefill and a short greedy
 //! decode. The report's format is stable (see `kvslice_eval::report`).
+//!
+//! A document (query-agnostic) is prefilled and compressed without its questions: the prefix is
+//! the longest run of tokens its context shares with every question's full prompt (the context,
+//! a newline, the question — tokenized together, as the model reads them); the budget is a share
+//! of that prefix. For each run, each question is fed into its own copy of the compressed cache
+//! and answered greedily; the report counts questions (`{id}/q{n}`), each with the tokens of its
+//! whole prompt.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use kvslice_eval::Entry;
 use kvslice_eval::report::{CaseReport, FULL, Report, passes};
 use kvslice_runtime::{Compression, GenerateOptions, Generator, Session, StatsRequest, policies};
 
@@ -21,7 +29,9 @@ type KeptPositions = Vec<Vec<Vec<u32>>>;
 pub struct EvalArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// JSON Lines cases file: one `{"id", "prompt", "answer"}` per line.
+    /// JSON Lines cases file: prompts `{"id", "prompt", "answer"}` (compressed with the question)
+    /// and documents `{"id", "context", "questions": [{"question", "answer"}, …]}` (compressed
+    /// before any question), one per line.
     #[arg(long)]
     pub cases: PathBuf,
     /// Policies, comma-separated (`kvslice policies` lists them), or `all`; none runs the full
@@ -57,6 +67,21 @@ pub struct EvalArgs {
     pub shard: Option<String>,
 }
 
+/// What one case prefills once and then asks.
+struct Unit {
+    id: String,
+    /// Prefilled once and compressed.
+    prefix: Vec<u32>,
+    /// (report id, tokens fed after the prefix, the whole prompt's token count, answer); a
+    /// prompt case has one question with nothing after the prefix.
+    questions: Vec<(String, Vec<u32>, usize, String)>,
+}
+
+/// The longest common prefix of `a` and `b`.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 /// Timings of a sweep, to compare with re-prefilling for every run.
 #[derive(Debug, Default)]
 struct Timing {
@@ -68,7 +93,7 @@ struct Timing {
 
 pub fn run(args: EvalArgs, verbose: bool) -> Result<()> {
     let mut cases =
-        kvslice_eval::read_cases(&args.cases).with_context(|| format!("reading {}", args.cases.display()))?;
+        kvslice_eval::read_entries(&args.cases).with_context(|| format!("reading {}", args.cases.display()))?;
     if let Some(n) = args.limit {
         cases.truncate(n);
     }
@@ -100,21 +125,55 @@ pub fn run(args: EvalArgs, verbose: bool) -> Result<()> {
 
     // Every prompt is checked before any prefill.
     let context = model.config.max_position_embeddings;
-    let mut prompts = Vec::with_capacity(cases.len());
-    for case in &cases {
-        let ids = loaded.encode_prompt(&case.prompt, args.chat)?;
+    let check = |id: &str, ids: &[u32]| -> Result<()> {
         if ids.is_empty() {
-            bail!("case {}: empty prompt", case.id);
+            bail!("case {id}: empty prompt");
         }
         if ids.len() + args.max_new_tokens.saturating_sub(1) > context {
             bail!(
-                "case {}: {} prompt tokens plus {} new exceed the model's context of {context}",
-                case.id,
+                "case {id}: {} prompt tokens plus {} new exceed the model's context of {context}",
                 ids.len(),
                 args.max_new_tokens
             );
         }
-        prompts.push(ids);
+        Ok(())
+    };
+    let mut units = Vec::with_capacity(cases.len());
+    for entry in &cases {
+        let unit = match entry {
+            Entry::Prompt(case) => {
+                let ids = loaded.encode_prompt(&case.prompt, args.chat)?;
+                check(&case.id, &ids)?;
+                let n = ids.len();
+                Unit {
+                    id: case.id.clone(),
+                    prefix: ids,
+                    questions: vec![(case.id.clone(), Vec::new(), n, case.answer.clone())],
+                }
+            }
+            Entry::Document(doc) => {
+                let alone = loaded.encode_prompt(&doc.context, args.chat)?;
+                let mut prompts = Vec::with_capacity(doc.questions.len());
+                for i in 0..doc.questions.len() {
+                    let ids = loaded.encode_prompt(&doc.prompt(i), args.chat)?;
+                    check(&doc.question_id(i), &ids)?;
+                    prompts.push(ids);
+                }
+                // At least one token of every question is fed after the prefix.
+                let shared = prompts.iter().map(|p| common_prefix(&alone, p).min(p.len() - 1)).min().unwrap_or(0);
+                if shared == 0 {
+                    bail!("case {}: the context and its questions share no leading tokens", doc.id);
+                }
+                let questions = prompts
+                    .iter()
+                    .zip(&doc.questions)
+                    .enumerate()
+                    .map(|(i, (ids, q))| (doc.question_id(i), ids[shared..].to_vec(), ids.len(), q.answer.clone()))
+                    .collect();
+                Unit { id: doc.id.clone(), prefix: alone[..shared].to_vec(), questions }
+            }
+        };
+        units.push(unit);
     }
 
     let stop = loaded.stop_tokens();
@@ -128,51 +187,68 @@ pub fn run(args: EvalArgs, verbose: bool) -> Result<()> {
     } else {
         args.heatmap.clone()
     };
-    for (i, (case, ids)) in cases.iter().zip(&prompts).enumerate() {
+    for (i, unit) in units.iter().enumerate() {
         let t0 = Instant::now();
+        let ids = &unit.prefix;
         let prefilled = pollster::block_on(Session::prefill_for(model, ids, &request))?;
         timing.prefill += prefilled.prefill_seconds;
         timing.stats += prefilled.stats_seconds;
         eprintln!(
-            "[{}/{}] {}: {} tokens prefilled in {:.1}s (statistics read back in {:.2}s)",
+            "[{}/{}] {}: {} tokens prefilled in {:.1}s (statistics read back in {:.2}s){}",
             i + 1,
-            cases.len(),
-            case.id,
+            units.len(),
+            unit.id,
             ids.len(),
             prefilled.prefill_seconds,
-            prefilled.stats_seconds
+            prefilled.stats_seconds,
+            match unit.questions.len() {
+                1 if unit.questions[0].1.is_empty() => String::new(),
+                n => format!(", then {n} questions"),
+            }
         );
         let mut runs: Vec<Option<&Compression>> = vec![None];
         runs.extend(compressions.iter().map(Some));
         for c in runs {
             let key = c.map(Compression::label).unwrap_or_else(|| FULL.to_string());
-            let t = Instant::now();
-            let outcome = pollster::block_on(async {
-                let options = GenerateOptions::greedy(args.max_new_tokens, stop.clone());
-                let mut generator = Generator::resume(model, &prefilled, c, options).await?;
-                generator.run().await?;
-                Ok::<_, kvslice_runtime::RuntimeError>((generator.output(), generator.report().cloned()))
-            });
-            timing.runs += t.elapsed().as_secs_f64();
-            timing.run_count += 1;
-            let (output, pass) = match outcome {
-                Ok((kept, compressed)) => {
-                    let text = loaded.decode(&kept)?;
-                    if let Some(r) = compressed
-                        && i == 0
-                        && wanted_heatmaps.contains(&key)
-                    {
-                        heatmaps.push((key.clone(), r.kept, ids.len()));
+            for (qid, suffix, prompt_tokens, answer) in &unit.questions {
+                let t = Instant::now();
+                let outcome = pollster::block_on(async {
+                    let options = GenerateOptions::greedy(args.max_new_tokens, stop.clone());
+                    let (mut generator, report) = if suffix.is_empty() {
+                        let g = Generator::resume(model, &prefilled, c, options).await?;
+                        let report = g.report().cloned();
+                        (g, report)
+                    } else {
+                        // A copy of the compressed cache, with room for the question and the answer.
+                        let room = suffix.len() + args.max_new_tokens;
+                        let (session, report) = Session::resume(model, &prefilled, c, room).await?;
+                        (Generator::extend(session, suffix, options).await?, report)
+                    };
+                    generator.run().await?;
+                    Ok::<_, kvslice_runtime::RuntimeError>((generator.output(), report))
+                });
+                timing.runs += t.elapsed().as_secs_f64();
+                timing.run_count += 1;
+                let (output, pass) = match outcome {
+                    Ok((kept, compressed)) => {
+                        let text = loaded.decode(&kept)?;
+                        if let Some(r) = compressed
+                            && i == 0
+                            && wanted_heatmaps.contains(&key)
+                            && !heatmaps.iter().any(|(k, _, _)| *k == key)
+                        {
+                            heatmaps.push((key.clone(), r.kept, ids.len()));
+                        }
+                        let pass = passes(&text, answer);
+                        (text, pass)
                     }
-                    let pass = passes(&text, &case.answer);
-                    (text, pass)
+                    Err(e) => (format!("error: {e}"), false),
+                };
+                if verbose {
+                    eprintln!("  {key:28} {qid:24} {} {:?}", if pass { "pass" } else { "fail" }, output);
                 }
-                Err(e) => (format!("error: {e}"), false),
-            };
-            if verbose {
-                eprintln!("  {key:28} {} {:?}", if pass { "pass" } else { "fail" }, output);
+                report.record(&key, qid, CaseReport { pass, output, prompt_tokens: *prompt_tokens });
             }
-            report.record(&key, &case.id, CaseReport { pass, output, prompt_tokens: ids.len() });
         }
         if verbose {
             eprintln!("  case done in {:.1}s", t0.elapsed().as_secs_f64());
@@ -186,7 +262,9 @@ pub fn run(args: EvalArgs, verbose: bool) -> Result<()> {
     println!("{}", report.table());
     let runs = timing.run_count.max(1) as f64;
     let sweep = timing.prefill + timing.stats + timing.runs;
-    let reprefill = timing.prefill * runs / cases.len().max(1) as f64 + timing.runs;
+    // Re-prefilling means one prefill of a whole prompt per run and question.
+    let reprefill = timing.prefill * runs / units.len().max(1) as f64 + timing.runs;
+
     eprintln!(
         "sweep: {:.1}s ({:.1}s prefill once per case, {:.1}s statistics read-back, {:.1}s in {} compress+decode runs); \
          re-prefilling for every run would take ~{:.1}s: {:.1}x",
@@ -208,7 +286,7 @@ pub fn run(args: EvalArgs, verbose: bool) -> Result<()> {
             kvslice_eval::plot::kept_heatmap(
                 kept,
                 *len,
-                &format!("{key}: kept positions, case {}", cases[0].id),
+                &format!("{key}: kept positions, case {}", units[0].id),
                 &file,
             )?;
         }

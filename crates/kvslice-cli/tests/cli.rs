@@ -131,6 +131,84 @@ fn smoke_cases() -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/eval/smoke.jsonl").display().to_string()
 }
 
+/// A document is prefilled without its questions and each question is fed after it: with the full
+/// cache (and with a budget past the context) every question gets the output of prefilling its
+/// whole prompt at once, which a prompt case with the same text gives; the report counts
+/// questions, each with its whole prompt's tokens.
+#[test]
+fn eval_answers_each_question_of_a_document() {
+    let model = default_model();
+    let dir = std::env::temp_dir().join(format!("kvslice-eval-doc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let docs = dir.join("doc.jsonl");
+    let out = kvslice(&[
+        "cases",
+        "--model",
+        &model,
+        "--kind",
+        "doc-niah",
+        "--tokens",
+        "320",
+        "--out",
+        docs.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_str(std::fs::read_to_string(&docs).unwrap().trim()).unwrap();
+    let (id, context) = (doc["id"].as_str().unwrap(), doc["context"].as_str().unwrap());
+    let questions = doc["questions"].as_array().unwrap();
+    assert_eq!(questions.len(), 6);
+    // The same texts as prompt cases, each prefilled whole.
+    let mut lines = vec![doc.to_string()];
+    for (i, q) in questions.iter().enumerate() {
+        let prompt = format!("{context}\n{}", q["question"].as_str().unwrap());
+        lines.push(
+            serde_json::json!({"id": format!("p{}", i + 1), "prompt": prompt, "answer": q["answer"]}).to_string(),
+        );
+    }
+    let cases = dir.join("cases.jsonl");
+    std::fs::write(&cases, lines.join("\n") + "\n").unwrap();
+    let json = dir.join("report.json");
+    let out = kvslice(&[
+        "eval",
+        "--model",
+        &model,
+        "--device",
+        "cpu",
+        "--cases",
+        cases.to_str().unwrap(),
+        "--policy",
+        "snapkv",
+        "--budget",
+        "4096,50%",
+        "--max-new-tokens",
+        "8",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs = report["runs"].as_object().unwrap();
+    assert_eq!(runs.keys().collect::<Vec<_>>(), ["full", "snapkv@4096", "snapkv@50%"]);
+    for (key, run) in runs {
+        assert_eq!(run["total"], 12, "{key}");
+        assert_eq!(run["cases"].as_object().unwrap().len(), 12, "{key}");
+    }
+    let case = |run: &str, id: &str| runs[run]["cases"][id].clone();
+    for i in 1..=6 {
+        let (q, p) = (format!("{id}/q{i}"), format!("p{i}"));
+        assert_eq!(case("full", &q)["output"], case("full", &p)["output"], "{q}");
+        assert_eq!(case("snapkv@4096", &q)["output"], case("full", &q)["output"], "{q}");
+        assert_eq!(case("full", &q)["prompt_tokens"], case("full", &p)["prompt_tokens"], "{q}");
+        assert!(case("full", &q)["prompt_tokens"].as_u64().unwrap() <= 320);
+    }
+    // A document without questions is refused before any work, naming its line.
+    std::fs::write(&cases, format!("{}\n{{\"id\":\"d\",\"context\":\"text\",\"questions\":[]}}\n", lines[1])).unwrap();
+    let out = kvslice(&["eval", "--model", &model, "--device", "cpu", "--cases", cases.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("line 2") && err.contains("at least one question"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The report's JSON format is stable: `{"runs": {key: {"passed", "total", "cases": {id:
 /// {"pass", "output", "prompt_tokens"}}}}}`; a budget past the prompt gives the full cache's
 /// outputs, and every run covers every case.

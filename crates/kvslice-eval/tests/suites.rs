@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use kvslice_eval::tokens::{count_plain, load_tokenizer};
-use kvslice_eval::{Corpus, Kind, cases_to_jsonl, read_cases, suite};
+use kvslice_eval::{Corpus, Kind, entries_to_jsonl, read_cases, suite};
 
 fn cache_dir() -> PathBuf {
     std::env::var_os("KVSLICE_CACHE_DIR")
@@ -39,7 +39,7 @@ fn committed_suites_regenerate_and_fit() {
         let path = suite_file(name);
         let committed = std::fs::read_to_string(&path).unwrap();
         let cases = suite(&corpus, kinds, tokens, depths, 1, &count).unwrap();
-        assert_eq!(cases_to_jsonl(&cases).unwrap(), committed, "{name} differs from a fresh generation");
+        assert_eq!(entries_to_jsonl(&cases).unwrap(), committed, "{name} differs from a fresh generation");
         for case in read_cases(&path).unwrap() {
             let (got, target) = (count(&case.prompt), target_tokens(&case.id));
             assert!(got <= target && got * 100 >= target * 99, "{}: {got} tokens for {target}", case.id);

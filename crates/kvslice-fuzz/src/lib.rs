@@ -283,7 +283,7 @@ pub fn policy_spec(data: &[u8]) {
 /// A cases file (JSON Lines).
 pub fn cases(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
-        let _ = kvslice_eval::parse_cases(text);
+        let _ = kvslice_eval::parse_entries(text);
     }
 }
 
