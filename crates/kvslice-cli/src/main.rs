@@ -66,6 +66,17 @@ enum ReportCommand {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Draw a `kvslice ppl --json` file as perplexity per span against position (PNG).
+    PlotPpl {
+        /// The `kvslice ppl --json` file.
+        json: PathBuf,
+        /// The PNG to write.
+        #[arg(long)]
+        out: PathBuf,
+        /// Predictions per span (default: the file's).
+        #[arg(long)]
+        span: Option<usize>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -302,6 +313,10 @@ fn run(cli: Cli) -> Result<()> {
                 None => print!("{}", merged.to_json()?),
             }
             Ok(())
+        }
+        Command::Report(ReportCommand::PlotPpl { json, out, span }) => {
+            let (runs, file_span, tokens) = ppl::read_runs(&json)?;
+            ppl::plot(&runs, span.unwrap_or(file_span), tokens, &out)
         }
         Command::Conformance { device, json } => conformance(&device, json),
     }

@@ -35,6 +35,9 @@ pub struct PplArgs {
     /// Write `{"tokens", "runs": {run: {"ppl", "kept_entries", "spans": [...], "nll": [...]}}}`.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Draw perplexity per span against position, one line per run, into this PNG.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
 }
 
 pub fn run(args: PplArgs, verbose: bool) -> Result<()> {
@@ -73,6 +76,7 @@ pub fn run(args: PplArgs, verbose: bool) -> Result<()> {
     );
     println!("|---|---:|---:|{}", "---:|".repeat(spans.len()));
     let mut report = serde_json::Map::new();
+    let mut curves: Vec<(String, Vec<f64>)> = Vec::new();
     for (label, c) in &runs {
         let t0 = std::time::Instant::now();
         let result = pollster::block_on(perplexity(model, &ids, c.as_ref(), args.prefill, |done, total| {
@@ -88,10 +92,14 @@ pub fn run(args: PplArgs, verbose: bool) -> Result<()> {
             per_span.iter().map(|p| format!("{p:.3}")).collect::<Vec<_>>().join(" | ")
         );
         eprintln!("{label}: {} tokens in {:.1}s", ids.len(), t0.elapsed().as_secs_f64());
+        curves.push((label.clone(), result.nll.clone()));
         report.insert(
             label.clone(),
             json!({"ppl": result.ppl(..), "kept_entries": result.kept_entries, "spans": per_span, "nll": result.nll}),
         );
+    }
+    if let Some(out) = &args.plot {
+        plot(&curves, args.span, ids.len(), out)?;
     }
     if let Some(out) = &args.json {
         let body = json!({"tokens": ids.len(), "prefill": args.prefill, "span": args.span, "runs": report});
@@ -99,4 +107,41 @@ pub fn run(args: PplArgs, verbose: bool) -> Result<()> {
             .with_context(|| format!("writing {}", out.display()))?;
     }
     Ok(())
+}
+
+/// Draws `runs` (each prediction's negative log-likelihood) as perplexity per `span` against
+/// position.
+pub fn plot(runs: &[(String, Vec<f64>)], span: usize, tokens: usize, out: &std::path::Path) -> Result<()> {
+    let series = kvslice_eval::plot::ppl_series(runs, span)?;
+    let title = format!("Perplexity per {span} positions, {tokens} tokens");
+    kvslice_eval::plot::ppl_vs_position(&series, &title, out)?;
+    eprintln!("plot written to {}", out.display());
+    Ok(())
+}
+
+/// A run's name and each prediction's negative log-likelihood.
+pub type Nll = (String, Vec<f64>);
+
+/// Reads the runs of a `kvslice ppl --json` file: (run, each prediction's NLL), the full cache
+/// first, and the file's span and token count.
+pub fn read_runs(path: &std::path::Path) -> Result<(Vec<Nll>, usize, usize)> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let body: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not a `kvslice ppl --json` file", path.display()))?;
+    let bad = |what: &str| anyhow::anyhow!("{}: {what}", path.display());
+    let runs = body["runs"].as_object().ok_or_else(|| bad("no \"runs\" object"))?;
+    let mut out = Vec::with_capacity(runs.len());
+    for (name, run) in runs {
+        let nll = run["nll"]
+            .as_array()
+            .ok_or_else(|| bad(&format!("run {name} has no \"nll\" list")))?
+            .iter()
+            .map(|v| v.as_f64().ok_or_else(|| bad(&format!("run {name}: a non-number in \"nll\""))))
+            .collect::<Result<Vec<f64>>>()?;
+        out.push((name.clone(), nll));
+    }
+    out.sort_by_key(|(name, _)| name != "full");
+    let span = body["span"].as_u64().unwrap_or(1024) as usize;
+    let tokens = body["tokens"].as_u64().unwrap_or(0) as usize;
+    Ok((out, span, tokens))
 }

@@ -373,6 +373,10 @@ fn ppl_reports_every_run_per_span_and_as_json() {
     assert_eq!(nll.len(), 95);
     let ppl = (nll.iter().sum::<f64>() / 95.0).exp();
     assert!((full["ppl"].as_f64().unwrap() - ppl).abs() < 1e-9 * ppl);
+    let png = dir.join("ppl.png");
+    let out = kvslice(&["report", "plot-ppl", json.to_str().unwrap(), "--out", png.to_str().unwrap(), "--span", "20"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG\r\n\x1a\n"));
     let e = one_line_error(&kvslice(&[&args[..7], &["--tokens", "600"]].concat()));
     assert!(e.contains("context of 512"), "{e}");
     std::fs::remove_dir_all(&dir).ok();

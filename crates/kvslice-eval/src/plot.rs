@@ -1,5 +1,6 @@
 //! PNG plots of an evaluation: pass rate against budget, one line per policy with the full cache
-//! as a reference line; and a heatmap of the prompt positions each layer and KV head kept.
+//! as a reference line; a heatmap of the prompt positions each layer and KV head kept; and
+//! perplexity against position, one line per run of `kvslice ppl`.
 //!
 //! plotters draws into an RGB buffer and `png` encodes it. Text needs a TrueType font, loaded at
 //! run time from `$KVSLICE_FONT` or the usual system paths (Debian: `fonts-dejavu-core`).
@@ -154,6 +155,99 @@ pub fn score_vs_budget(report: &Report, path: &Path) -> Result<()> {
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::LowerRight)
+            .label_font(("sans-serif", 16))
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| err(e.to_string()))?;
+        root.present().map_err(|e| err(e.to_string()))?;
+    }
+    write_png(path, &rgb, WIDTH, HEIGHT)
+}
+
+/// A named line: (x, y) points.
+pub type Curve = (String, Vec<(f64, f64)>);
+
+/// Perplexity per span of `span` predictions, from each prediction's negative log-likelihood
+/// (nats): `exp(mean nll)` over predictions `s·span .. (s+1)·span` (the last span may be
+/// shorter), placed at the span's middle position. Runs keep their order.
+pub fn ppl_series(runs: &[(String, Vec<f64>)], span: usize) -> Result<Vec<Curve>> {
+    if span == 0 {
+        return Err(EvalError::Report { reason: "a span of 0 predictions".into() });
+    }
+    runs.iter()
+        .map(|(name, nll)| {
+            if let Some(bad) = nll.iter().find(|x| !x.is_finite() || **x < 0.0) {
+                return Err(EvalError::Report { reason: format!("{name}: negative log-likelihood {bad}") });
+            }
+            let points = nll
+                .chunks(span)
+                .enumerate()
+                .map(|(i, c)| {
+                    let mid = (i * span) as f64 + c.len() as f64 / 2.0;
+                    (mid, (c.iter().sum::<f64>() / c.len() as f64).exp())
+                })
+                .collect();
+            Ok((name.clone(), points))
+        })
+        .collect()
+}
+
+/// Perplexity (y) against position in the text (x), one line per run of [`ppl_series`]; a run
+/// named `full` is drawn in black.
+pub fn ppl_vs_position(series: &[Curve], title: &str, path: &Path) -> Result<()> {
+    let err = plot_err(path);
+    let points = || series.iter().flat_map(|(_, p)| p.iter().copied());
+    if points().next().is_none() {
+        return Err(err("no perplexity to draw".into()));
+    }
+    ensure_font()?;
+    let x_max = points().map(|p| p.0).fold(0f64, f64::max) * 1.02 + 1.0;
+    let (y_min, y_max) = points().fold((f64::MAX, f64::MIN), |(lo, hi), p| (lo.min(p.1), hi.max(p.1)));
+    let pad = ((y_max - y_min) * 0.08).max(0.05);
+    let mut rgb = vec![0u8; (WIDTH * HEIGHT * 3) as usize];
+    {
+        let root = BitMapBackend::with_buffer(&mut rgb, (WIDTH, HEIGHT)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 24))
+            .margin(16)
+            .margin_right(32)
+            .x_label_area_size(48)
+            .y_label_area_size(64)
+            .build_cartesian_2d(0f64..x_max, (y_min - pad).max(0.0)..y_max + pad)
+            .map_err(|e| err(e.to_string()))?;
+        chart
+            .configure_mesh()
+            .x_desc("position in the text (tokens)")
+            .y_desc("perplexity per span")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| format!("{y:.1}"))
+            .label_style(("sans-serif", 16))
+            .axis_desc_style(("sans-serif", 18))
+            .draw()
+            .map_err(|e| err(e.to_string()))?;
+        let mut colors = 0;
+        for (name, pts) in series {
+            let color = if name == FULL {
+                BLACK.to_rgba()
+            } else {
+                colors += 1;
+                Palette99::pick(colors - 1).to_rgba()
+            };
+            let style = ShapeStyle::from(&color).stroke_width(3);
+            chart
+                .draw_series(LineSeries::new(pts.iter().copied(), style))
+                .map_err(|e| err(e.to_string()))?
+                .label(name.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+            chart
+                .draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))
+                .map_err(|e| err(e.to_string()))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
             .label_font(("sans-serif", 16))
             .background_style(WHITE.mix(0.9))
             .border_style(BLACK)
@@ -341,6 +435,25 @@ mod tests {
     /// Draws both plots (needs a font: fonts-dejavu-core on Debian). `KVSLICE_PLOT_DIR` keeps the
     /// PNGs for a look.
     #[test]
+    fn ppl_series_by_hand() {
+        let ln2 = std::f64::consts::LN_2;
+        // 5 predictions in spans of 2: [ln2, ln2] -> 2, [0, 2 ln2] -> exp(ln2) = 2, [ln 8] -> 8.
+        let runs = vec![("full".to_string(), vec![ln2, ln2, 0.0, 2.0 * ln2, 8f64.ln()])];
+        let s = ppl_series(&runs, 2).unwrap();
+        let (name, pts) = &s[0];
+        assert_eq!(name, "full");
+        let want = [(1.0, 2.0), (3.0, 2.0), (4.5, 8.0)];
+        assert_eq!(pts.len(), 3);
+        for (got, want) in pts.iter().zip(want) {
+            assert_eq!(got.0, want.0);
+            assert!((got.1 - want.1).abs() < 1e-12, "{got:?}");
+        }
+        assert!(ppl_series(&runs, 0).is_err());
+        assert!(ppl_series(&[("x".into(), vec![f64::NAN])], 1).is_err());
+        assert!(ppl_series(&[("x".into(), vec![-1.0])], 1).is_err());
+    }
+
+    #[test]
     fn draws_pngs() {
         let dir = std::env::var("KVSLICE_PLOT_DIR").ok();
         let out = |name: &str| match &dir {
@@ -350,6 +463,16 @@ mod tests {
         let p = out("score.png");
         score_vs_budget(&sample(), &p).unwrap();
         assert_eq!(png_size(&p), (WIDTH, HEIGHT));
+        let runs: Vec<(String, Vec<f64>)> = [("full", 1.8), ("tova@512", 1.9), ("h2o@512", 2.0)]
+            .iter()
+            .map(|(n, base)| {
+                (n.to_string(), (0..4000).map(|i| base + f64::from(i % 7) * 0.01 + f64::from(i) * 1e-5).collect())
+            })
+            .collect();
+        let p = out("ppl.png");
+        ppl_vs_position(&ppl_series(&runs, 512).unwrap(), "Perplexity against position", &p).unwrap();
+        assert_eq!(png_size(&p), (WIDTH, HEIGHT));
+        assert!(ppl_vs_position(&[], "empty", &out("none.png")).is_err());
         // 4 layers x 2 heads over 1000 positions: sinks, a recent window, and a stripe.
         let kept: Vec<Vec<Vec<u32>>> = (0..4)
             .map(|l| {
