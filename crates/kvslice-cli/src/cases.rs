@@ -21,8 +21,9 @@ pub struct CasesArgs {
     /// documents place their needles themselves).
     #[arg(long, value_delimiter = ',', default_value = "25,50,75")]
     pub depths: Vec<u32>,
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    /// Seeds, comma-separated: the whole suite once per seed, in that order.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub seed: Vec<u64>,
     /// Output file; default: stdout.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -30,9 +31,10 @@ pub struct CasesArgs {
     /// SmolLM2-135M-Instruct.
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// A plain-text corpus (one verse or sentence per line); default: the KJV, fetched on first use.
-    #[arg(long)]
-    pub corpus: Option<PathBuf>,
+    /// The haystack's text, one verse or speech per line: `kjv` (the default) or `shakespeare`
+    /// (fetched on first use; ids end in `-shakespeare`), or a file path.
+    #[arg(long, default_value = "kjv")]
+    pub corpus: crate::fetch::CorpusChoice,
 }
 
 pub fn run(args: CasesArgs) -> Result<()> {
@@ -48,15 +50,18 @@ pub fn run(args: CasesArgs) -> Result<()> {
     };
     let tokenizer = kvslice_eval::tokens::load_tokenizer(&model)
         .with_context(|| format!("loading the tokenizer of {} (run `kvslice fetch` first?)", model.display()))?;
-    let corpus_path = match args.corpus {
-        Some(p) => p,
-        None => crate::fetch::fetch_corpus(false, false)?,
-    };
+    let corpus_path = args.corpus.path(false)?;
     let corpus = Corpus::load(&corpus_path)?;
     // The tokenizer does not fail on plain text; if it ever did, the count is too large to fit
     // and generation reports it.
     let count = |text: &str| kvslice_eval::tokens::count_plain(&tokenizer, text).unwrap_or(usize::MAX);
-    let cases = kvslice_eval::suite(&corpus, &args.kind, &args.tokens, &args.depths, args.seed, &count)?;
+    let mut cases = Vec::new();
+    for &seed in &args.seed {
+        cases.extend(kvslice_eval::suite(&corpus, &args.kind, &args.tokens, &args.depths, seed, &count)?);
+    }
+    if let Some(tag) = args.corpus.id_suffix() {
+        kvslice_eval::tag_ids(&mut cases, tag);
+    }
     let text = kvslice_eval::entries_to_jsonl(&cases)?;
     match args.out {
         Some(path) => {

