@@ -44,6 +44,7 @@ from kvpress import (
     KeyDiffPress,
     KnormPress,
     LagKVPress,
+    NonCausalAttnPress,
     ObservedAttentionPress,
     PyramidKVPress,
     SnapKVPress,
@@ -373,6 +374,13 @@ def main():
     for chunk, cr in ((20, 0.5), (24, 0.25)):
         per_layer(f"chunkkv_keydiff_c{chunk}_cr{cr}", "chunkkv-keydiff", {"chunk_length": chunk, "compression_ratio": cr},
                   lambda ly: run_press(ChunkKVPress(KeyDiffPress(compression_ratio=cr), chunk_length=chunk), ly,
+                                       attentions=False))
+
+    # NonCausalAttnPress (Compactor's attention score): 160 tokens in one padded chunk of 256, in
+    # chunks of 64 (the last padded with 32 zero rows) and of 32 (no padding)
+    for chunk, cr in ((256, 0.5), (64, 0.5), (64, 0.75), (32, 0.25)):
+        per_layer(f"non_causal_c{chunk}_cr{cr}", "non-causal-attn", {"chunk_size": chunk, "compression_ratio": cr},
+                  lambda ly: run_press(NonCausalAttnPress(compression_ratio=cr, chunk_size=chunk), ly,
                                        attentions=False))
 
     # snapkv, the paper's code: window 32, max-pool 7

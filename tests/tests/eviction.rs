@@ -49,6 +49,7 @@ fn stats_match_reference(device: Device) {
         projection: true,
         accumulated: true,
         counter_causal_layers: vec![0],
+        non_causal_chunk: 16,
         query_moments_skip: Some(4),
         jacobian: true,
         leverage: true,
@@ -90,6 +91,15 @@ fn stats_match_reference(device: Device) {
             }
         }
     }
+    // chunks of 16, 16 and 5 (11 padding rows); then one chunk of 64 holding all 37
+    let s = got.window(0).unwrap();
+    close("non_causal", s.non_causal.as_ref().unwrap(), &reference::non_causal_sums(dims, &q, &k, 16).unwrap());
+    let one = StatsRequest { non_causal_chunk: 64, ..StatsRequest::default() };
+    let t = |x: &[f32], shape| tensor(x, shape, &device);
+    let (tq, traw, tk, tv) = (t(&q, [h, n, d]), t(&raw, [h, n, d]), t(&k, [kv, n, d]), t(&v, [kv, n, d]));
+    let padded = pollster::block_on(layer_stats(&tq, &traw, &tk, &tv, &one, false)).unwrap();
+    let want = reference::non_causal_sums(dims, &q, &k, 64).unwrap();
+    close("non_causal (one padded chunk)", padded.window(0).unwrap().non_causal.as_ref().unwrap(), &want);
     let m = got.moments.unwrap();
     let want = kvslice_policy::QueryMoments::from_queries(&raw, h, n, d, 4).unwrap();
     close("query mean", &m.mean, &want.mean);

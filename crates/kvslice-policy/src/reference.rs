@@ -107,8 +107,46 @@ pub fn counter_causal_sums(dims: Dims, q: &[f32], k: &[f32]) -> Result<Vec<f32>>
     Ok(out.into_iter().map(|x| x as f32).collect())
 }
 
+/// Column sums of chunked non-causal attention, `[H, n]` (see
+/// [`crate::WindowStats::non_causal`]): the sequence zero-padded to a multiple of `chunk`, each
+/// of its queries (padding included) attending with unscaled logits `⟨q_i, k_j⟩` to every key of
+/// its chunk (padding included), the probabilities summed over the chunk's queries.
+pub fn non_causal_sums(dims: Dims, q: &[f32], k: &[f32], chunk: usize) -> Result<Vec<f32>> {
+    dims.check(q, k, None)?;
+    if chunk == 0 {
+        return Err(PolicyError::InvalidParameter {
+            method: "non-causal-attn",
+            name: "chunk",
+            reason: "must be positive".into(),
+        });
+    }
+    let Dims { heads, kv_heads, len: n, head_dim: d } = dims;
+    let g = heads / kv_heads;
+    let zero = vec![0f32; d];
+    let mut out = vec![0f64; heads * n];
+    for h in 0..heads {
+        for start in (0..n).step_by(chunk) {
+            let row = |i: usize| if i < n { dims.row(q, h, i) } else { &zero[..] };
+            let key = |j: usize| if j < n { dims.row(k, h / g, j) } else { &zero[..] };
+            for i in start..start + chunk {
+                let logits: Vec<f64> = (start..start + chunk).map(|j| dot(row(i), key(j))).collect();
+                for (t, p) in softmax_over(&logits).into_iter().enumerate() {
+                    if start + t < n {
+                        out[h * n + start + t] += p;
+                    }
+                }
+            }
+        }
+    }
+    Ok(out.into_iter().map(|x| x as f32).collect())
+}
+
+/// The chunk [`window_stats`] fills [`WindowStats::non_causal`] with (kvpress's default).
+pub const NON_CAUSAL_CHUNK: usize = 256;
+
 /// All window statistics of one layer over the last `window` queries, optional fields included
-/// (Jacap's leverage and TwinKV's twins too).
+/// (Jacap's leverage and TwinKV's twins too; the non-causal sums over chunks of
+/// [`NON_CAUSAL_CHUNK`]).
 pub fn window_stats(dims: Dims, q: &[f32], k: &[f32], v: &[f32], window: usize) -> Result<WindowStats> {
     dims.check(q, k, Some(v))?;
     let Dims { heads, kv_heads, len: n, head_dim: d } = dims;
@@ -132,6 +170,7 @@ pub fn window_stats(dims: Dims, q: &[f32], k: &[f32], v: &[f32], window: usize) 
         projection: Some(vec![0.0; heads * n]),
         accumulated: Some(vec![0.0; heads * n]),
         counter_causal: Some(counter_causal_sums(dims, q, k)?),
+        non_causal: Some(non_causal_sums(dims, q, k, NON_CAUSAL_CHUNK)?),
         jacobian: Some(vec![0.0; heads * n]),
         ..WindowStats::default()
     };

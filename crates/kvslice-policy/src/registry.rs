@@ -14,8 +14,8 @@ use crate::options::{OptionKind, OptionSpec, Options, PolicySpec};
 use crate::pool::Pooling;
 use crate::scorer::{
     AnDPro, Block, CakeIndicator, ChunkKv, CounterCausal, CriticalKv, Cur, ExpectedAttention, H2o, Inertia, Jacap,
-    KeyDiff, Knorm, LagKv, Leverage, Random, Refresh, Rope, Scorer, SnapKv, Span, StreamingLlm, Temporal, Tova, TwinKv,
-    TwinRepair,
+    KeyDiff, Knorm, LagKv, Leverage, NonCausalAttn, Random, Refresh, Rope, Scorer, SnapKv, Span, StreamingLlm,
+    Temporal, Tova, TwinKv, TwinRepair,
 };
 use crate::select::Protect;
 use crate::stats::{GroupReduce, KvView, Needs, QueryMoments, ScoreInput, Scores, WindowStats};
@@ -723,6 +723,14 @@ static REGISTRY: &[Entry] = &[
         build: |o, _| scored(Block::new(Box::new(KeyDiff), o.get_usize("block")?)?, Uniform, DecodeSpec::Grow),
     },
     Entry {
+        name: "non-causal-attn",
+        paper: "Chari & Van Durme 2025, Compactor: Calibrated Query-Agnostic KV Cache Compression with Approximate Leverage Scores (arXiv:2507.08143), its attention score (kvpress's NonCausalAttnPress)",
+        summary: "query-agnostic: attention each token receives inside its chunk of 256, both directions, times ‖v‖",
+        options: || vec![int("chunk", "256", 1, 65536, "tokens per chunk of non-causal attention")],
+        scored: true,
+        build: |o, _| scored(NonCausalAttn::new(o.get_usize("chunk")?)?, Uniform, DecodeSpec::Grow),
+    },
+    Entry {
         name: "random",
         paper: "uniform random eviction, the baseline of kvpress's RandomPress (seeded SplitMix64 draws)",
         summary: "a seeded uniform sample of the tokens",
@@ -955,6 +963,7 @@ mod tests {
             ("snapkv-span-twin", old(Span::new(Box::new(SnapKv::default())), Uniform, twin)),
             ("keydiff", old(KeyDiff, Uniform, None)),
             ("keydiff-block", old(Block::new(Box::new(KeyDiff), 128).unwrap(), Uniform, None)),
+            ("non-causal-attn", old(NonCausalAttn::default(), Uniform, None)),
             ("random", old(Random::default(), Uniform, None)),
             ("chunkkv", old(ChunkKv::new(Box::new(SnapKv::default()), 20).unwrap(), Uniform, None)),
             ("lagkv", old(LagKv::default(), Uniform, None)),

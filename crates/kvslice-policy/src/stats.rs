@@ -45,6 +45,12 @@ pub struct WindowStats {
     /// `[H, n]`, optional: `Σ_{i ≤ j} c_ij`, the column sums of counter-causal attention
     /// `c_ij = softmax_{j ≥ i}(⟨q_i, k_j⟩/√d)` (each query sees itself and the later keys).
     pub counter_causal: Option<Vec<f32>>,
+    /// `[H, n]`, optional: the column sums of chunked non-causal attention
+    /// ([`crate::scorer::non_causal`]): the prompt cut into chunks of
+    /// [`Needs::non_causal_chunk`] tokens, the last one zero-padded, each query attending to
+    /// every key of its chunk with unscaled logits `⟨q_i, k_j⟩`, summed over the chunk's
+    /// queries (padding rows included).
+    pub non_causal: Option<Vec<f32>>,
     /// `[H, n]`, optional: `mean_q a_qj · ‖v_j − o_q‖₂`, the norm of the attention output's
     /// derivative with respect to key `j`'s logit, `∂o_q/∂s_qj = a_qj (v_j − o_q)`, averaged over
     /// the window queries (Jacap's softmax-aware importance weight).
@@ -74,6 +80,8 @@ pub struct Needs {
     pub accumulated: bool,
     /// `WindowStats::counter_causal`.
     pub counter_causal: bool,
+    /// `WindowStats::non_causal` over chunks of this many tokens (0: not needed).
+    pub non_causal_chunk: usize,
     /// The cached keys.
     pub keys: bool,
     /// The cached values.
@@ -99,6 +107,7 @@ impl Needs {
             projection: self.projection || o.projection,
             accumulated: self.accumulated || o.accumulated,
             counter_causal: self.counter_causal || o.counter_causal,
+            non_causal_chunk: self.non_causal_chunk.max(o.non_causal_chunk),
             keys: self.keys || o.keys,
             values: self.values || o.values,
             query_moments: self.query_moments || o.query_moments,
@@ -149,6 +158,7 @@ impl WindowStats {
             ("projection", &self.projection),
             ("accumulated", &self.accumulated),
             ("counter_causal", &self.counter_causal),
+            ("non_causal", &self.non_causal),
             ("jacobian", &self.jacobian),
         ] {
             if let Some(v) = opt {

@@ -189,6 +189,7 @@ fn every_entry_declares_the_decode_rule_the_runtime_used_by_name() {
         ("snapkv-span-twin", DecodeRule::Grow),
         ("keydiff", DecodeRule::Grow),
         ("keydiff-block", DecodeRule::Grow),
+        ("non-causal-attn", DecodeRule::Grow),
         ("random", DecodeRule::Grow),
         ("chunkkv", DecodeRule::Grow),
         ("lagkv", DecodeRule::Grow),

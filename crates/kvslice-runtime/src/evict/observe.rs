@@ -48,6 +48,8 @@ pub struct StatsRequest {
     pub accumulated: bool,
     /// Layers whose counter-causal column sums are computed.
     pub counter_causal_layers: Vec<usize>,
+    /// Chunked non-causal column sums over chunks of this many tokens (0: none).
+    pub non_causal_chunk: usize,
     /// Pre-RoPE query moments, skipping this many leading positions.
     pub query_moments_skip: Option<usize>,
     /// Jacap's `‖∂o/∂s‖` weights per window.
@@ -71,6 +73,7 @@ impl StatsRequest {
         self.value_weighted |= needs.value_weighted;
         self.projection |= needs.projection;
         self.accumulated |= needs.accumulated;
+        self.non_causal_chunk = self.non_causal_chunk.max(needs.non_causal_chunk);
         if needs.counter_causal {
             for &l in cc_layers {
                 if !self.counter_causal_layers.contains(&l) {
@@ -112,6 +115,8 @@ pub(crate) struct LayerTensors {
     windows: Vec<WindowTensors>,
     accumulated: Option<Tensor<2>>,
     counter_causal: Option<Tensor<2>>,
+    /// `[H, n]`.
+    non_causal: Option<Tensor<2>>,
     /// `[H, d]`, `[H, d, d]`.
     moments: Option<(Tensor<2>, Tensor<3>)>,
     /// `[H_kv, n]` best-twin similarity and its position (as f32).
@@ -178,6 +183,10 @@ impl Observations {
                 Some(t) => Some(read_f32(t.clone()).await?),
                 None => None,
             };
+            let non_causal = match &layer.non_causal {
+                Some(t) => Some(read_f32(t.clone()).await?),
+                None => None,
+            };
             let mut windows = Vec::with_capacity(layer.windows.len().max(1));
             for w in &layer.windows {
                 let opt = async |t: &Option<Tensor<2>>| -> Result<Option<Vec<f32>>> {
@@ -199,6 +208,7 @@ impl Observations {
                     projection: opt(&w.projection).await?,
                     accumulated: accumulated.clone(),
                     counter_causal: counter_causal.clone(),
+                    non_causal: non_causal.clone(),
                     jacobian: opt(&w.jacobian).await?,
                     leverage: opt(&w.leverage).await?,
                     twin: twin.clone(),
@@ -221,6 +231,7 @@ impl Observations {
                     projection: None,
                     accumulated,
                     counter_causal,
+                    non_causal,
                     twin,
                     twin_index,
                     ..WindowStats::default()
@@ -352,6 +363,7 @@ fn compute(
         windows,
         accumulated: request.accumulated.then(|| column_sums(rotated, keys, Direction::Causal)),
         counter_causal: counter_causal.then(|| column_sums(rotated, keys, Direction::CounterCausal)),
+        non_causal: (request.non_causal_chunk > 0).then(|| non_causal_sums(rotated, keys, request.non_causal_chunk)),
         moments: request.query_moments_skip.filter(|&s| s < n).map(|skip| moments(raw, skip)),
         twins: request.twins.then(|| twins(keys)),
         tail_queries: tail_queries(rotated, request.tail_queries),
@@ -574,6 +586,37 @@ fn column_sums(q: &Tensor<3>, keys: &Tensor<3>, direction: Direction) -> Tensor<
         start += m;
     }
     total
+}
+
+/// Column sums `[H, n]` of chunked non-causal attention ([`WindowStats::non_causal`]): in each
+/// chunk of `chunk` positions every query attends to every key of the chunk with unscaled
+/// logits. The last chunk's zero padding is accounted for without being built: each real query's
+/// softmax has `pad` more zero logits in its denominator, and each of the `pad` zero queries
+/// gives `1/chunk` to every key of the chunk. One chunk at a time: `[H, chunk, chunk]` at most.
+fn non_causal_sums(q: &Tensor<3>, keys: &Tensor<3>, chunk: usize) -> Tensor<2> {
+    let [heads, n, _] = q.dims();
+    let k = per_query_head(keys, heads);
+    let mut parts = Vec::with_capacity(n.div_ceil(chunk));
+    let mut start = 0;
+    while start < n {
+        let m = chunk.min(n - start);
+        let pad = chunk - m;
+        let qc = q.clone().narrow(1, start, m);
+        let kc = k.clone().narrow(1, start, m);
+        let logits = qc.matmul(kc.swap_dims(1, 2)); // [H, m, m]
+        let sums = if pad == 0 {
+            softmax(logits, 2).sum_dim(1)
+        } else {
+            // the padding's zero logits take part in the maximum and the denominator
+            let top = logits.clone().max_dim(2).clamp_min(0.0); // [H, m, 1]
+            let e = (logits - top.clone()).exp();
+            let denom = e.clone().sum_dim(2) + top.neg().exp().mul_scalar(pad as f64);
+            (e / denom).sum_dim(1).add_scalar(pad as f64 / chunk as f64)
+        };
+        parts.push(sums.reshape([heads, m]));
+        start += m;
+    }
+    Tensor::cat(parts, 1)
 }
 
 /// Mean `[H, d]` and population covariance `[H, d, d]` of the pre-RoPE queries after `skip`.
