@@ -24,6 +24,7 @@ Run: /path/to/venv/bin/python scripts/peers/gen_peers.py   (see README.md)
 import json
 import math
 import os
+import sys
 import types
 
 import numpy as np
@@ -44,6 +45,7 @@ from kvpress import (
     KeyDiffPress,
     KnormPress,
     LagKVPress,
+    LeverageScorePress,
     NonCausalAttnPress,
     ObservedAttentionPress,
     PyramidKVPress,
@@ -383,6 +385,33 @@ def main():
                   lambda ly: run_press(NonCausalAttnPress(compression_ratio=cr, chunk_size=chunk), ly,
                                        attentions=False))
 
+    # LeverageScorePress on the pre-RoPE keys (the stored keys rotated back by their positions,
+    # handed to the press in place of its k_proj), with a Gaussian sketch per layer drawn here
+    # from a seeded generator and stored, in place of the press's unseeded torch.randn
+    sketches = []
+    for ly in layers:
+        g = torch.Generator().manual_seed(SEED + 100 + ly.l)
+        sketches.append(torch.randn(1, HKV, D, 48, generator=g))  # N(0, 1); the press scales it
+    leverage_module = sys.modules[LeverageScorePress.__module__]
+
+    def run_leverage(press, ly):
+        cos, sin = ly.pos_emb
+        half = D // 2
+        rotated = torch.cat((-ly.k[..., half:], ly.k[..., :half]), dim=-1)
+        k_pre = ly.k * cos.unsqueeze(1) - rotated * sin.unsqueeze(1)
+        phi = sketches[ly.l]
+        saved = (leverage_module.get_prerope_key_states, torch.randn)
+        leverage_module.get_prerope_key_states = lambda module, hidden: k_pre
+        torch.randn = lambda *a, **kw: phi.clone()
+        try:
+            return run_press(press, ly, attentions=False)
+        finally:
+            leverage_module.get_prerope_key_states, torch.randn = saved
+
+    for cr in (0.25, 0.5, 0.75):
+        per_layer(f"leverage_k48_cr{cr}", "leverage", {"sketch_dimension": 48, "compression_ratio": cr},
+                  lambda ly: run_leverage(LeverageScorePress(compression_ratio=cr, sketch_dimension=48), ly))
+
     # snapkv, the paper's code: window 32, max-pool 7
     for cap in (64, 96):
         per_layer(f"snapkv_original_cap{cap}", "snapkv-original", {"window": 32, "kernel": 7, "max_capacity_prompt": cap},
@@ -409,7 +438,8 @@ def main():
                           "kept": kept, "layer_budgets": budgets})
 
     os.makedirs(OUT, exist_ok=True)
-    save_file({"q_pre": q.contiguous(), "keys": k.contiguous(), "values": v.contiguous(), "w_o": w_o.contiguous()},
+    save_file({"q_pre": q.contiguous(), "keys": k.contiguous(), "values": v.contiguous(), "w_o": w_o.contiguous(),
+               "leverage_sketch": torch.cat(sketches).contiguous()},
               os.path.join(OUT, "peers.safetensors"))
     meta = {
         "layers": L, "heads": H, "kv_heads": HKV, "len": N, "head_dim": D, "hidden": HIDDEN,

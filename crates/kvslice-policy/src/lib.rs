@@ -39,8 +39,8 @@ pub use registry::{
 };
 pub use scorer::{
     AnDPro, Block, CakeIndicator, ChunkKv, CounterCausal, CounterCausalPass, CriticalKv, Cur, ExpectedAttention, H2o,
-    Inertia, Jacap, KeyDiff, Knorm, LagKv, Leverage, NonCausalAttn, Random, Refresh, Rope, Scorer, SnapKv, Span,
-    StreamingLlm, Temporal, Tova, TwinKv, TwinRepair,
+    Inertia, Jacap, KeyDiff, Knorm, LagKv, Leverage, LeverageScore, NonCausalAttn, Random, Refresh, Rope, Scorer,
+    SnapKv, Span, StreamingLlm, Temporal, Tova, TwinKv, TwinRepair,
 };
 pub use select::{Protect, select_heads, select_top_k};
 pub use stats::{GroupReduce, KvView, Needs, QueryMoments, ScoreInput, Scores, WindowStats, reduce_groups};

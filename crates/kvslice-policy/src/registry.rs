@@ -14,8 +14,8 @@ use crate::options::{OptionKind, OptionSpec, Options, PolicySpec};
 use crate::pool::Pooling;
 use crate::scorer::{
     AnDPro, Block, CakeIndicator, ChunkKv, CounterCausal, CriticalKv, Cur, ExpectedAttention, H2o, Inertia, Jacap,
-    KeyDiff, Knorm, LagKv, Leverage, NonCausalAttn, Random, Refresh, Rope, Scorer, SnapKv, Span, StreamingLlm,
-    Temporal, Tova, TwinKv, TwinRepair,
+    KeyDiff, Knorm, LagKv, Leverage, LeverageScore, NonCausalAttn, Random, Refresh, Rope, Scorer, SnapKv, Span,
+    StreamingLlm, Temporal, Tova, TwinKv, TwinRepair,
 };
 use crate::select::Protect;
 use crate::stats::{GroupReduce, KvView, Needs, QueryMoments, ScoreInput, Scores, WindowStats};
@@ -731,6 +731,26 @@ static REGISTRY: &[Entry] = &[
         build: |o, _| scored(NonCausalAttn::new(o.get_usize("chunk")?)?, Uniform, DecodeSpec::Grow),
     },
     Entry {
+        name: "leverage",
+        paper: "Chari & Van Durme 2025, Compactor (arXiv:2507.08143), its leverage score (kvpress's LeverageScorePress)",
+        summary: "attention-free: approximate leverage of the centred pre-RoPE keys under a Gaussian sketch of 48",
+        options: || {
+            vec![
+                int("sketch", "48", 1, 4096, "columns of the Gaussian sketch"),
+                int("seed", "0", 0, 4_294_967_295, "seed of the sketch's draws"),
+            ]
+        },
+        scored: true,
+        build: |o, m| {
+            let rope = Rope::llama(m.rope_theta, m.head_dim)?;
+            scored(
+                LeverageScore::new(rope, o.get_usize("sketch")?, o.get_usize("seed")? as u64)?,
+                Uniform,
+                DecodeSpec::Grow,
+            )
+        },
+    },
+    Entry {
         name: "random",
         paper: "uniform random eviction, the baseline of kvpress's RandomPress (seeded SplitMix64 draws)",
         summary: "a seeded uniform sample of the tokens",
@@ -964,6 +984,7 @@ mod tests {
             ("keydiff", old(KeyDiff, Uniform, None)),
             ("keydiff-block", old(Block::new(Box::new(KeyDiff), 128).unwrap(), Uniform, None)),
             ("non-causal-attn", old(NonCausalAttn::default(), Uniform, None)),
+            ("leverage", old(LeverageScore::new(rope(), 48, 0).unwrap(), Uniform, None)),
             ("random", old(Random::default(), Uniform, None)),
             ("chunkkv", old(ChunkKv::new(Box::new(SnapKv::default()), 20).unwrap(), Uniform, None)),
             ("lagkv", old(LagKv::default(), Uniform, None)),

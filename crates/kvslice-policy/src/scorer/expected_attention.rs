@@ -63,6 +63,18 @@ impl Rope {
         }
     }
 
+    /// Rotates `x` (length `d`) in place back from position `pos` (the inverse of
+    /// [`Rope::rotate`]).
+    pub fn unrotate(&self, x: &mut [f32], pos: usize) {
+        let half = self.inv_freq.len();
+        for (i, &f) in self.inv_freq.iter().enumerate() {
+            let (s, c) = (pos as f64 * f).sin_cos();
+            let (a, b) = (f64::from(x[i]), f64::from(x[i + half]));
+            x[i] = (a * c + b * s) as f32;
+            x[i + half] = (b * c - a * s) as f32;
+        }
+    }
+
     /// `R̄ = mean_{t ∈ [start, start+count)} R_t`, `[d, d]` row-major (`R_t x` rotates `x` to `t`).
     pub fn mean_rotation(&self, start: usize, count: usize) -> Vec<f64> {
         let half = self.inv_freq.len();

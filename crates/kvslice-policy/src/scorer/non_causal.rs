@@ -55,6 +55,23 @@ impl NonCausalAttn {
     }
 }
 
+/// `(x − mean) / max(std, 1e−6)` over the whole table, the standard deviation unbiased (torch's
+/// `(x - x.mean()) / x.std().clamp_min(1e-6)`; a one-element table divides by 1e−6).
+pub(crate) fn zscore(data: &mut [f32]) {
+    let count = data.len();
+    if count == 0 {
+        return;
+    }
+    let mean = data.iter().map(|&x| f64::from(x)).sum::<f64>() / count as f64;
+    let std = if count > 1 {
+        let var = data.iter().map(|&x| (f64::from(x) - mean).powi(2)).sum::<f64>() / (count - 1) as f64;
+        var.sqrt().max(STD_MIN)
+    } else {
+        STD_MIN
+    };
+    data.iter_mut().for_each(|x| *x = ((f64::from(*x) - mean) / std) as f32);
+}
+
 impl Scorer for NonCausalAttn {
     fn name(&self) -> &'static str {
         "non-causal-attn"
@@ -84,17 +101,7 @@ impl Scorer for NonCausalAttn {
             let pooled = Pooling::Avg(3).apply(row);
             row.copy_from_slice(&pooled);
         }
-        let count = out.data.len();
-        if count > 0 {
-            let mean = out.data.iter().map(|&x| f64::from(x)).sum::<f64>() / count as f64;
-            let var = if count > 1 {
-                out.data.iter().map(|&x| (f64::from(x) - mean).powi(2)).sum::<f64>() / (count - 1) as f64
-            } else {
-                f64::NAN // torch's unbiased std of one element; clamp_min turns NaN into NaN
-            };
-            let std = if var.is_nan() { STD_MIN } else { var.sqrt().max(STD_MIN) };
-            out.data.iter_mut().for_each(|x| *x = ((f64::from(*x) - mean) / std) as f32);
-        }
+        zscore(&mut out.data);
         Ok(out)
     }
 }

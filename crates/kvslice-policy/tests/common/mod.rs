@@ -50,6 +50,9 @@ pub struct Peers {
     pub keys: Vec<Vec<f32>>,
     pub values: Vec<Vec<f32>>,
     pub w_o: Vec<Vec<f32>>,
+    /// Per layer, `[H_kv, d, 48]` standard normal draws (LeverageScorePress's sketch before its
+    /// `1/√k` scaling).
+    pub leverage_sketch: Vec<Vec<f32>>,
     pub cases: Vec<serde_json::Value>,
     stats: HashMap<(usize, usize), WindowStats>,
 }
@@ -77,6 +80,11 @@ impl Peers {
         let keys = tensor("keys", kv_heads * len * head_dim);
         let values = tensor("values", kv_heads * len * head_dim);
         let w_o = tensor("w_o", hidden * heads * head_dim);
+        // kvpress's LeverageScorePress sketches, N(0, 1) draws [L, H_kv, d, 48], stored as f32
+        let t = st.tensor("leverage_sketch").expect("leverage_sketch present");
+        assert_eq!(t.dtype(), safetensors::Dtype::F32);
+        let all: Vec<f32> = t.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let leverage_sketch = all.chunks(all.len() / layers).map(<[f32]>::to_vec).collect();
         let rope = Rope::llama(meta["rope_theta"].as_f64().unwrap(), head_dim).unwrap();
         let q_rot = q_pre.iter().map(|q| reference::apply_rope(q, heads, len, &rope)).collect();
         Peers {
@@ -92,6 +100,7 @@ impl Peers {
             keys,
             values,
             w_o,
+            leverage_sketch,
             cases: json["cases"].as_array().unwrap().clone(),
             stats: HashMap::new(),
         }
