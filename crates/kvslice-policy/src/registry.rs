@@ -751,6 +751,25 @@ static REGISTRY: &[Entry] = &[
         },
     },
     Entry {
+        name: "leverage-span",
+        paper: "LeverageScorePress (Compactor, arXiv:2507.08143) with whole spans kept: each token scores the best leverage of the 12 before it (kvslice)",
+        summary: "key leverage dilated over spans, as snapkv-span does for SnapKV: an outlying key keeps the 12 tokens after it",
+        options: || {
+            let mut o = vec![
+                int("sketch", "48", 1, 4096, "columns of the Gaussian sketch"),
+                int("seed", "0", 0, 4_294_967_295, "seed of the sketch's draws"),
+            ];
+            o.extend(span_options());
+            o
+        },
+        scored: true,
+        build: |o, m| {
+            let rope = Rope::llama(m.rope_theta, m.head_dim)?;
+            let leverage = LeverageScore::new(rope, o.get_usize("sketch")?, o.get_usize("seed")? as u64)?;
+            scored(span(leverage, o)?, Uniform, DecodeSpec::Grow)
+        },
+    },
+    Entry {
         name: "random",
         paper: "uniform random eviction, the baseline of kvpress's RandomPress (seeded SplitMix64 draws)",
         summary: "a seeded uniform sample of the tokens",
@@ -985,6 +1004,7 @@ mod tests {
             ("keydiff-block", old(Block::new(Box::new(KeyDiff), 128).unwrap(), Uniform, None)),
             ("non-causal-attn", old(NonCausalAttn::default(), Uniform, None)),
             ("leverage", old(LeverageScore::new(rope(), 48, 0).unwrap(), Uniform, None)),
+            ("leverage-span", old(Span::new(Box::new(LeverageScore::new(rope(), 48, 0).unwrap())), Uniform, None)),
             ("random", old(Random::default(), Uniform, None)),
             ("chunkkv", old(ChunkKv::new(Box::new(SnapKv::default()), 20).unwrap(), Uniform, None)),
             ("lagkv", old(LagKv::default(), Uniform, None)),

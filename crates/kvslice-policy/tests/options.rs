@@ -191,6 +191,7 @@ fn every_entry_declares_the_decode_rule_the_runtime_used_by_name() {
         ("keydiff-block", DecodeRule::Grow),
         ("non-causal-attn", DecodeRule::Grow),
         ("leverage", DecodeRule::Grow),
+        ("leverage-span", DecodeRule::Grow),
         ("random", DecodeRule::Grow),
         ("chunkkv", DecodeRule::Grow),
         ("lagkv", DecodeRule::Grow),
