@@ -58,9 +58,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # no
 import kvpress  # noqa: E402  (importing it patches the attention functions for AdaKV's masking)
 from kvpress import (  # noqa: E402
     AdaKVPress,
+    BlockPress,
+    ChunkKVPress,
     CriticalKVPress,
+    CURPress,
     ExpectedAttentionPress,
+    KeyDiffPress,
     KnormPress,
+    LagKVPress,
+    NonCausalAttnPress,
     PyramidKVPress,
     RandomPress,
     SnapKVPress,
@@ -79,6 +85,14 @@ PRESSES = {
     "expected-attention": lambda r: ExpectedAttentionPress(compression_ratio=r),
     "criticalkv-snapkv": lambda r: CriticalKVPress(SnapKVPress(compression_ratio=r)),
     "random": lambda r: RandomPress(compression_ratio=r),
+    # Attention-free presses and wrappers, at the settings kvslice's policies of the same names
+    # default to (checked on stored tensors by scripts/peers/gen_peers.py).
+    "keydiff": lambda r: KeyDiffPress(compression_ratio=r),
+    "block-keydiff": lambda r: BlockPress(KeyDiffPress(compression_ratio=r), block_size=128),
+    "lagkv": lambda r: LagKVPress(compression_ratio=r, n_sink=4, lag_size=128),
+    "chunkkv-snapkv": lambda r: ChunkKVPress(SnapKVPress(compression_ratio=r), chunk_length=20),
+    "cur": lambda r: CURPress(compression_ratio=r, num_sinks=4),
+    "non-causal-attn": lambda r: NonCausalAttnPress(compression_ratio=r, chunk_size=256),
 }
 
 
@@ -291,12 +305,24 @@ def answer_question(model, cache, ids, n_prefix, max_new, stop):
     """A copy of the (compressed) prefix cache is fed the question's tokens after the prefix,
     positions continuing from the prefix length, then decoded greedily."""
     qcache = copy.deepcopy(cache)
-    out = model(
-        input_ids=torch.tensor([ids[n_prefix:]]),
-        past_key_values=qcache,
-        position_ids=torch.arange(n_prefix, len(ids)).unsqueeze(0),
-        logits_to_keep=1,
-    )
+    if len({layer.keys.shape[-2] for layer in qcache.layers}) == 1:
+        out = model(
+            input_ids=torch.tensor([ids[n_prefix:]]),
+            past_key_values=qcache,
+            position_ids=torch.arange(n_prefix, len(ids)).unsqueeze(0),
+            logits_to_keep=1,
+        )
+    else:
+        # Layers of different lengths (PyramidKV): transformers sizes a multi-token causal mask
+        # from the first layer's cache, so the question goes in one token at a time (the same
+        # causal attention; a single query needs no mask).
+        for i in range(n_prefix, len(ids)):
+            out = model(
+                input_ids=torch.tensor([[ids[i]]]),
+                past_key_values=qcache,
+                position_ids=torch.tensor([[i]]),
+                logits_to_keep=1,
+            )
     gen = decode(model, qcache, out.logits[0, -1], len(ids), max_new, stop)
     del qcache
     return gen
