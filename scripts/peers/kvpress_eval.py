@@ -60,12 +60,14 @@ from kvpress import (  # noqa: E402
     AdaKVPress,
     BlockPress,
     ChunkKVPress,
+    CompactorPress,
     CriticalKVPress,
     CURPress,
     ExpectedAttentionPress,
     KeyDiffPress,
     KnormPress,
     LagKVPress,
+    LeverageScorePress,
     NonCausalAttnPress,
     PyramidKVPress,
     RandomPress,
@@ -93,6 +95,9 @@ PRESSES = {
     "chunkkv-snapkv": lambda r: ChunkKVPress(SnapKVPress(compression_ratio=r), chunk_length=20),
     "cur": lambda r: CURPress(compression_ratio=r, num_sinks=4),
     "non-causal-attn": lambda r: NonCausalAttnPress(compression_ratio=r, chunk_size=256),
+    # Gaussian sketches from torch's global generator, seeded once at start (--seed)
+    "leverage": lambda r: LeverageScorePress(compression_ratio=r, sketch_dimension=48),
+    "compactor": lambda r: CompactorPress(compression_ratio=r),
 }
 
 
@@ -119,6 +124,7 @@ def parse_args():
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--json", required=True, help="output file, rewritten after every case")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0, help="torch's generator seed (the presses that draw: leverage, compactor, random)")
     p.add_argument("--limit", type=int, default=None, help="only the first N cases")
     p.add_argument("--resume", action="store_true", help="keep the (run, case) pairs already in --json")
     p.add_argument("--mode", choices=["replay", "hooks", "pipeline"], default="replay")
@@ -557,6 +563,7 @@ def run_pipeline_document(args, tok, model, pipe, case, todo, budgets, runs, tim
 
 def main():
     args = parse_args()
+    torch.manual_seed(args.seed)
     presses = [p.strip() for p in args.presses.split(",") if p.strip()]
     unknown = [p for p in presses if p not in PRESSES]
     if unknown:
