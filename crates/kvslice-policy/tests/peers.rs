@@ -293,8 +293,8 @@ fn ours(p: &mut Peers, case: &Value, tie_scores: &mut Option<Vec<Scores>>) -> Ke
                     // the press's `torch.randn(...) * (1 / math.sqrt(k))`, in f32
                     let scale = (1.0 / (k as f64).sqrt()) as f32;
                     let phi: Vec<f32> = p.leverage_sketch[l].iter().map(|&z| z * scale).collect();
-                    let mut data = leverage_scores(&pre, p.kv_heads, n, p.head_dim, &phi, k).unwrap();
-                    zscore_like_kvpress(&mut data);
+                    // the press z-scores the table as a whole: one increasing map, the same top-k
+                    let data = leverage_scores(&pre, p.kv_heads, n, p.head_dim, &phi, k).unwrap();
                     Scores { kv_heads: p.kv_heads, len: n, data }
                 })
                 .collect();
@@ -326,15 +326,6 @@ fn ours(p: &mut Peers, case: &Value, tie_scores: &mut Option<Vec<Scores>>) -> Ke
         }
         other => panic!("no Rust counterpart for peer method {other}"),
     }
-}
-
-/// kvpress's `(s - s.mean()) / s.std().clamp_min(1e-6)` (monotone: it cannot change a kept set
-/// chosen per head, written out so the scores compared are the press's).
-fn zscore_like_kvpress(data: &mut [f32]) {
-    let n = data.len() as f64;
-    let mean = data.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
-    let std = (data.iter().map(|&x| (f64::from(x) - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt().max(1e-6);
-    data.iter_mut().for_each(|x| *x = ((f64::from(*x) - mean) / std) as f32);
 }
 
 #[test]

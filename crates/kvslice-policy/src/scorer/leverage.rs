@@ -149,9 +149,9 @@ pub fn leverage_scores(keys: &[f32], kv_heads: usize, n: usize, d: usize, phi: &
             name: "keys",
             reason: format!("the sketched Gram matrix of KV head {h} is not positive definite after {TRIES} jitters"),
         })?;
-        // ℓ_j = ‖L⁻¹ x_j‖²
+        // ℓ_j = ‖L⁻¹ x_j‖², by forward substitution
+        let mut y = vec![0f64; k];
         for (j, row) in x.chunks_exact(k).enumerate() {
-            let mut y = vec![0f64; k];
             for i in 0..k {
                 let s: f64 = (0..i).map(|t| l[i * k + t] * y[t]).sum();
                 y[i] = (row[i] - s) / l[i * k + i];
