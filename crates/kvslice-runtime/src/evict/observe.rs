@@ -592,7 +592,8 @@ fn column_sums(q: &Tensor<3>, keys: &Tensor<3>, direction: Direction) -> Tensor<
 /// chunk of `chunk` positions every query attends to every key of the chunk with unscaled
 /// logits. The last chunk's zero padding is accounted for without being built: each real query's
 /// softmax has `pad` more zero logits in its denominator, and each of the `pad` zero queries
-/// gives `1/chunk` to every key of the chunk. One chunk at a time: `[H, chunk, chunk]` at most.
+/// gives `1/chunk` to every key of the chunk. One chunk at a time, its queries in blocks, so no
+/// tensor holds more than about `MAX_CHUNK_ELEMS` scores whatever the chunk size.
 fn non_causal_sums(q: &Tensor<3>, keys: &Tensor<3>, chunk: usize) -> Tensor<2> {
     let [heads, n, _] = q.dims();
     let k = per_query_head(keys, heads);
@@ -601,19 +602,27 @@ fn non_causal_sums(q: &Tensor<3>, keys: &Tensor<3>, chunk: usize) -> Tensor<2> {
     while start < n {
         let m = chunk.min(n - start);
         let pad = chunk - m;
-        let qc = q.clone().narrow(1, start, m);
-        let kc = k.clone().narrow(1, start, m);
-        let logits = qc.matmul(kc.swap_dims(1, 2)); // [H, m, m]
-        let sums = if pad == 0 {
-            softmax(logits, 2).sum_dim(1)
-        } else {
-            // the padding's zero logits take part in the maximum and the denominator
-            let top = logits.clone().max_dim(2).clamp_min(0.0); // [H, m, 1]
-            let e = (logits - top.clone()).exp();
-            let denom = e.clone().sum_dim(2) + top.neg().exp().mul_scalar(pad as f64);
-            (e / denom).sum_dim(1).add_scalar(pad as f64 / chunk as f64)
-        };
-        parts.push(sums.reshape([heads, m]));
+        let kc = k.clone().narrow(1, start, m).swap_dims(1, 2); // [H, d, m]
+        // each query's softmax is its own: queries in blocks of `[H, rows, m]` at most
+        let rows = (MAX_CHUNK_ELEMS / (heads * m).max(1)).clamp(1, m);
+        let mut sums = Tensor::<2>::zeros([heads, m], &q.device());
+        let mut first = 0;
+        while first < m {
+            let r = rows.min(m - first);
+            let logits = q.clone().narrow(1, start + first, r).matmul(kc.clone()); // [H, r, m]
+            let a = if pad == 0 {
+                softmax(logits, 2)
+            } else {
+                // the padding's zero logits take part in the maximum and the denominator
+                let top = logits.clone().max_dim(2).clamp_min(0.0); // [H, r, 1]
+                let e = (logits - top.clone()).exp();
+                let denom = e.clone().sum_dim(2) + top.neg().exp().mul_scalar(pad as f64);
+                e / denom
+            };
+            sums = sums + a.sum_dim(1).reshape([heads, m]);
+            first += r;
+        }
+        parts.push(if pad == 0 { sums } else { sums.add_scalar(pad as f64 / chunk as f64) });
         start += m;
     }
     Tensor::cat(parts, 1)
