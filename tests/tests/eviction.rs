@@ -419,17 +419,17 @@ fn compaction_is_in_place_on_wgpu() {
     use kvslice_cache::KvStore;
     cache.append(0, tensor(&k, [2, 5, 4], &device), tensor(&v, [2, 5, 4], &device), &[0, 1, 2, 3, 4]).unwrap();
     let layer = cache.layer_mut(0).unwrap();
-    let before = kvslice_kernels::buffer_id(layer.storage().0).unwrap();
+    let before = kvslice_kernels::buffer_id(layer.storage().unwrap().0).unwrap();
     layer.compact(&[vec![1, 4], vec![0, 2, 3]]).unwrap();
-    assert_eq!(kvslice_kernels::buffer_id(layer.storage().0).unwrap(), before, "same buffer");
+    assert_eq!(kvslice_kernels::buffer_id(layer.storage().unwrap().0).unwrap(), before, "same buffer");
     assert_eq!(layer.lens(), &[2, 3]);
     assert_eq!(layer.head_positions(0), &[1, 4]);
     assert_eq!(layer.head_positions(1), &[0, 2, 3]);
-    let got = layer.storage().0.clone().into_data().try_to_vec::<f32>().unwrap();
+    let got = layer.storage().unwrap().0.clone().into_data().try_to_vec::<f32>().unwrap();
     // head 0 rows 1 and 4 (values 4..8, 16..20); head 1 rows 0, 2, 3 (20..24, 28..32, 32..36)
     assert_eq!(&got[..8], &[4., 5., 6., 7., 16., 17., 18., 19.]);
     assert_eq!(&got[24..36], &[20., 21., 22., 23., 28., 29., 30., 31., 32., 33., 34., 35.]);
-    let vals = layer.storage().1.clone().into_data().try_to_vec::<f32>().unwrap();
+    let vals = layer.storage().unwrap().1.clone().into_data().try_to_vec::<f32>().unwrap();
     assert_eq!(&vals[..4], &[1004., 1005., 1006., 1007.]);
 }
 

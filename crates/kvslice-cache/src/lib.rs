@@ -13,7 +13,11 @@
 //!   `s < lens[h]`, and [`EMPTY_SLOT`] beyond;
 //! - within a head, occupied slots hold distinct source positions.
 
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
+
+mod quant;
+use quant::QuantKv;
+pub use quant::{KEY_GROUP, KvDtype, VALUE_GROUP, quantize_group, value_group};
 
 /// Source position stored for slots that hold nothing.
 pub const EMPTY_SLOT: u32 = u32::MAX;
@@ -84,10 +88,7 @@ impl CacheGeometry {
 /// Keys and values of one layer.
 #[derive(Debug, Clone)]
 pub struct LayerKv {
-    /// `[kv_heads, capacity, head_dim]`, keys after RoPE.
-    keys: Tensor<3>,
-    /// `[kv_heads, capacity, head_dim]`.
-    values: Tensor<3>,
+    store: Store,
     /// Occupied slots per head (slots `0..lens[h]`).
     lens: Vec<usize>,
     /// `[kv_heads * capacity]` source position of each slot, [`EMPTY_SLOT`] when free.
@@ -97,12 +98,21 @@ pub struct LayerKv {
     head_dim: usize,
 }
 
+/// How a layer holds its keys and values. (One per layer: the variants' sizes do not matter.)
+#[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
+enum Store {
+    /// `[kv_heads, capacity, head_dim]` each, f32 or f16; keys after RoPE.
+    Dense { keys: Tensor<3>, values: Tensor<3> },
+    /// Codes, steps and the full-precision residual ([`quant`]).
+    Quant(QuantKv),
+}
+
 impl LayerKv {
     fn new(geometry: &CacheGeometry, device: &Device) -> Self {
         let shape = [geometry.kv_heads, geometry.capacity, geometry.head_dim];
         Self {
-            keys: Tensor::zeros(shape, device),
-            values: Tensor::zeros(shape, device),
+            store: Store::Dense { keys: Tensor::zeros(shape, device), values: Tensor::zeros(shape, device) },
             lens: vec![0; geometry.kv_heads],
             positions: vec![EMPTY_SLOT; geometry.kv_heads * geometry.capacity],
             kv_heads: geometry.kv_heads,
@@ -116,19 +126,53 @@ impl LayerKv {
         self.capacity
     }
 
-    /// Bytes of one element of the storage (4 for f32, 2 for f16).
-    pub fn element_bytes(&self) -> usize {
-        self.keys.dtype().size()
+    /// The element type of the stored keys and values.
+    pub fn dtype(&self) -> KvDtype {
+        match &self.store {
+            Store::Dense { keys, .. } if keys.dtype() == DType::F16 => KvDtype::F16,
+            Store::Dense { .. } => KvDtype::F32,
+            Store::Quant(q) if q.bits == 8 => KvDtype::Q8,
+            Store::Quant(_) => KvDtype::Q4,
+        }
     }
 
-    /// Bytes of one cached entry: a key and a value of `head_dim` elements.
+    /// The device the storage lives on.
+    pub fn device(&self) -> Device {
+        match &self.store {
+            Store::Dense { keys, .. } => keys.device(),
+            Store::Quant(q) => q.k_step.device(),
+        }
+    }
+
+    /// Bytes of one cached entry, a key and a value of `head_dim` elements: exact for f32 and
+    /// f16; for quantized types the codes plus the value steps and the key steps spread over a
+    /// group (what a sealed entry costs).
     pub fn entry_bytes(&self) -> usize {
-        2 * self.head_dim * self.element_bytes()
+        match &self.store {
+            Store::Dense { keys, .. } => 2 * self.head_dim * keys.dtype().size(),
+            Store::Quant(q) => {
+                let d = self.head_dim;
+                let scale = q.k_step.dtype().size();
+                2 * d * q.bits as usize / 8 + 2 * (d / value_group(d)) * scale + (2 * d * scale).div_ceil(KEY_GROUP)
+            }
+        }
     }
 
-    /// Bytes of K/V storage this layer holds, occupied or not.
+    /// Bytes of K/V storage this layer holds, occupied or not (for quantized types: codes,
+    /// steps, minimums and the residual).
     pub fn storage_bytes(&self) -> usize {
-        self.kv_heads * self.capacity * self.entry_bytes()
+        match &self.store {
+            Store::Dense { keys, .. } => self.kv_heads * self.capacity * 2 * self.head_dim * keys.dtype().size(),
+            Store::Quant(q) => q.bytes(),
+        }
+    }
+
+    /// Bytes of the live entries' data.
+    pub fn occupied_bytes(&self) -> usize {
+        match &self.store {
+            Store::Dense { .. } => self.lens.iter().sum::<usize>() * self.entry_bytes(),
+            Store::Quant(q) => q.occupied_bytes(&self.lens, self.head_dim),
+        }
     }
 
     /// Occupied slots per KV head.
@@ -152,21 +196,126 @@ impl LayerKv {
         &self.positions
     }
 
-    /// Full storage tensors `([kv_heads, capacity, head_dim], [kv_heads, capacity, head_dim])`.
-    pub fn storage(&self) -> (&Tensor<3>, &Tensor<3>) {
-        (&self.keys, &self.values)
+    /// Full f32 storage tensors `([kv_heads, capacity, head_dim], [kv_heads, capacity, head_dim])`
+    /// for kernels that bind the cache's buffers; `None` when the layer stores another type
+    /// (read [`LayerKv::view`] or [`LayerKv::dense`] then).
+    pub fn storage(&self) -> Option<(&Tensor<3>, &Tensor<3>)> {
+        match &self.store {
+            Store::Dense { keys, values } if keys.dtype() == DType::F32 => Some((keys, values)),
+            _ => None,
+        }
     }
 
-    /// Mutable storage, for kernels that rewrite the cache in place (compaction). The caller
-    /// must follow up with [`LayerKv::set_metadata`].
-    pub fn storage_mut(&mut self) -> (&mut Tensor<3>, &mut Tensor<3>) {
-        (&mut self.keys, &mut self.values)
+    /// Mutable f32 storage, for kernels that rewrite the cache in place; the caller must follow
+    /// up with [`LayerKv::set_metadata`]. `None` when the layer stores another type.
+    pub fn storage_mut(&mut self) -> Option<(&mut Tensor<3>, &mut Tensor<3>)> {
+        match &mut self.store {
+            Store::Dense { keys, values } if keys.dtype() == DType::F32 => Some((keys, values)),
+            _ => None,
+        }
     }
 
-    /// Keys and values of slots `0..max_len()`: `[kv_heads, max_len, head_dim]` each.
+    /// Every slot's keys and values as f32, `[kv_heads, capacity, head_dim]` each (dequantized
+    /// when the layer is quantized; free slots hold anything).
+    pub fn dense(&self) -> (Tensor<3>, Tensor<3>) {
+        self.rows(self.capacity)
+    }
+
+    /// Keys and values of slots `0..max_len()` as f32: `[kv_heads, max_len, head_dim]` each.
     pub fn view(&self) -> (Tensor<3>, Tensor<3>) {
-        let len = self.max_len();
-        (self.keys.clone().narrow(1, 0, len), self.values.clone().narrow(1, 0, len))
+        self.rows(self.max_len())
+    }
+
+    /// Slots `0..n` as f32.
+    fn rows(&self, n: usize) -> (Tensor<3>, Tensor<3>) {
+        match &self.store {
+            Store::Dense { keys, values } => {
+                let (k, v) = (keys.clone().narrow(1, 0, n), values.clone().narrow(1, 0, n));
+                if keys.dtype() == DType::F32 { (k, v) } else { (k.cast(FloatDType::F32), v.cast(FloatDType::F32)) }
+            }
+            Store::Quant(q) => {
+                let (k, v) = q.dequantize(n);
+                match &q.residual {
+                    Some((rk, rv)) => {
+                        (quant::overlay(k, rk, &q.sealed, &self.lens), quant::overlay(v, rv, &q.sealed, &self.lens))
+                    }
+                    None => (k, v),
+                }
+            }
+        }
+    }
+
+    /// This layer with its entries stored as `dtype`: f32 and f16 as they are, q8 and q4 as KIVI
+    /// (every occupied slot quantized; new slots wait in the full-precision residual until
+    /// their key group fills). From a quantized layer the entries are dequantized first.
+    pub fn converted(&self, dtype: KvDtype) -> Result<LayerKv> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        let (keys, values) = self.dense();
+        let store = match dtype {
+            KvDtype::F32 => Store::Dense { keys, values },
+            KvDtype::F16 => {
+                if !self.device().supports_dtype(DType::F16) {
+                    return Err(CacheError::Geometry("this device does not store f16 tensors".into()));
+                }
+                Store::Dense { keys: keys.cast(FloatDType::F16), values: values.cast(FloatDType::F16) }
+            }
+            KvDtype::Q8 | KvDtype::Q4 => {
+                let bits = dtype.bits().unwrap_or(8);
+                Store::Quant(QuantKv::quantize(&keys, &values, &self.lens, bits)?)
+            }
+        };
+        Ok(LayerKv { store, ..self.clone_meta() })
+    }
+
+    /// The metadata with an empty dense store in place (replaced by the caller).
+    fn clone_meta(&self) -> LayerKv {
+        let device = self.device();
+        let empty = Tensor::<3>::zeros([1, 1, 1], &device);
+        LayerKv {
+            store: Store::Dense { keys: empty.clone(), values: empty },
+            lens: self.lens.clone(),
+            positions: self.positions.clone(),
+            kv_heads: self.kv_heads,
+            capacity: self.capacity,
+            head_dim: self.head_dim,
+        }
+    }
+
+    /// A quantized layer as a dense f32 one (same metadata).
+    fn to_f32(&self) -> LayerKv {
+        let (keys, values) = self.dense();
+        LayerKv { store: Store::Dense { keys, values }, ..self.clone_meta() }
+    }
+
+    /// `dense` (f32) quantized to `bits` with slots `0..sealed[h]` in codes and the rest of the
+    /// occupied slots in the residual.
+    fn requantized(dense: LayerKv, sealed: Vec<usize>, bits: u32) -> Result<LayerKv> {
+        let Store::Dense { keys, values } = &dense.store else {
+            return Err(CacheError::Geometry("requantizing a layer that is not dense".into()));
+        };
+        let mut q = QuantKv::quantize(keys, values, &sealed, bits)?;
+        if sealed.iter().zip(&dense.lens).any(|(s, l)| s < l) {
+            q.residual = Some((quant::residual_of(keys, &sealed), quant::residual_of(values, &sealed)));
+        }
+        Ok(LayerKv { store: Store::Quant(q), ..dense.clone_meta() })
+    }
+
+    /// Runs `op` on this layer as f32 and stores the result back in this layer's type, with
+    /// each head's slots sealed up to its last complete key group (or `sealed` when given).
+    fn through_f32<T>(&mut self, sealed: Option<Vec<usize>>, op: impl FnOnce(&mut LayerKv) -> Result<T>) -> Result<T> {
+        let dtype = self.dtype();
+        let mut dense = self.to_f32();
+        let out = op(&mut dense)?;
+        *self = match dtype.bits() {
+            Some(bits) => {
+                let sealed = sealed.unwrap_or_else(|| dense.lens.iter().map(|&l| l / KEY_GROUP * KEY_GROUP).collect());
+                Self::requantized(dense, sealed, bits)?
+            }
+            None => dense.converted(dtype)?,
+        };
+        Ok(out)
     }
 
     /// Appends `n` tokens to every head. `keys`/`values`: `[kv_heads, n, head_dim]`;
@@ -189,8 +338,19 @@ impl LayerKv {
         if n == 0 {
             return Ok(());
         }
-        let starts: Vec<usize> = self.lens.clone();
-        self.write_rows(&starts, keys, values)?;
+        if let Store::Quant(q) = &self.store {
+            // Into the residual unless a head completes a key group: then through f32, sealing
+            // every complete group.
+            let crosses = self.lens.iter().any(|&l| (l + n) / KEY_GROUP > l / KEY_GROUP);
+            if crosses {
+                return self.through_f32(None, |d| d.append(layer, keys, values, positions));
+            }
+            let starts: Vec<usize> = self.lens.iter().zip(&q.sealed).map(|(l, s)| l - s).collect();
+            self.write_residual(&starts, keys, values)?;
+        } else {
+            let starts: Vec<usize> = self.lens.clone();
+            self.write_rows(&starts, keys, values)?;
+        }
         for h in 0..self.kv_heads {
             let at = h * self.capacity + self.lens[h];
             self.positions[at..at + n].copy_from_slice(positions);
@@ -199,10 +359,24 @@ impl LayerKv {
         Ok(())
     }
 
+    /// Writes rows into the residual of a quantized layer at `starts[h]` (allocating it).
+    fn write_residual(&mut self, starts: &[usize], keys: Tensor<3>, values: Tensor<3>) -> Result<()> {
+        let Store::Quant(q) = &mut self.store else {
+            return Err(CacheError::Geometry("the layer has no residual".into()));
+        };
+        let (mut rk, mut rv) = q.residual.take().unwrap_or_else(|| {
+            let zeros = Tensor::<3>::zeros([self.kv_heads, KEY_GROUP, self.head_dim], &keys.device());
+            (zeros.clone(), zeros)
+        });
+        let done = write_rows_into(&mut rk, &mut rv, starts, keys, values);
+        q.residual = Some((rk, rv));
+        done
+    }
+
     /// A new layer of `capacity` slots per head holding, for each head `h`, the slots
     /// `slots[h]` of this one (in that order) at slots `0..slots[h].len()`: the kept entries of
     /// an eviction, gathered into smaller storage. This layer is left as it is, so one prefill
-    /// can be compressed many ways.
+    /// can be compressed many ways. The new layer stores the same type as this one.
     pub fn gather(&self, slots: &[Vec<u32>], capacity: usize) -> Result<LayerKv> {
         if slots.len() != self.kv_heads {
             return Err(CacheError::ShapeMismatch {
@@ -213,6 +387,11 @@ impl LayerKv {
         }
         if capacity == 0 {
             return Err(CacheError::Geometry("a layer needs at least one slot".into()));
+        }
+        if let Store::Quant(q) = &self.store {
+            let out = self.to_f32().gather(slots, capacity)?;
+            let sealed = out.lens.iter().map(|&l| l / KEY_GROUP * KEY_GROUP).collect();
+            return Self::requantized(out, sealed, q.bits);
         }
         let mut lens = Vec::with_capacity(self.kv_heads);
         let mut head_positions = Vec::with_capacity(self.kv_heads);
@@ -239,14 +418,14 @@ impl LayerKv {
             lens.push(kept.len());
             head_positions.push(pos);
         }
-        let device = self.keys.device();
+        let Store::Dense { keys, values } = &self.store else { unreachable!("quantized layers returned above") };
+        let device = keys.device();
         let d = self.head_dim;
         let idx = Tensor::<1, Int>::from_data(TensorData::new(index, [self.kv_heads * capacity]), &device)
             .reshape([self.kv_heads, capacity, 1])
             .expand([self.kv_heads, capacity, d]);
         let mut out = LayerKv {
-            keys: self.keys.clone().gather(1, idx.clone()),
-            values: self.values.clone().gather(1, idx),
+            store: Store::Dense { keys: keys.clone().gather(1, idx.clone()), values: values.clone().gather(1, idx) },
             lens: vec![0; self.kv_heads],
             positions: vec![EMPTY_SLOT; self.kv_heads * capacity],
             kv_heads: self.kv_heads,
@@ -258,15 +437,17 @@ impl LayerKv {
     }
 
     /// Keeps, for each head `h`, the slots `slots[h]` (strictly ascending) and moves them to the
-    /// head's first slots in order, without changing the capacity. On wgpu this is the in-place
-    /// compaction kernel (no new storage); elsewhere a gather into storage of the same size.
+    /// head's first slots in order, without changing the capacity. On wgpu (f32 storage) this is
+    /// the in-place compaction kernel (no new storage); elsewhere a gather into storage of the
+    /// same size.
     pub fn compact(&mut self, slots: &[Vec<u32>]) -> Result<()> {
         for (h, list) in slots.iter().enumerate() {
             if list.windows(2).any(|w| w[0] >= w[1]) {
                 return Err(CacheError::BadKeep { head: h, reason: "kept slots must be strictly ascending".into() });
             }
         }
-        if kvslice_kernels::buffer_id(&self.keys).is_none() {
+        let in_place = self.storage().is_some_and(|(k, _)| kvslice_kernels::buffer_id(k).is_some());
+        if !in_place {
             *self = self.gather(slots, self.capacity)?;
             return Ok(());
         }
@@ -277,7 +458,7 @@ impl LayerKv {
                 got: vec![slots.len()],
             });
         }
-        let device = self.keys.device();
+        let device = self.device();
         let pos: Vec<i32> = self.positions.iter().map(|&p| if p == EMPTY_SLOT { -1 } else { p as i32 }).collect();
         let mut positions = Tensor::<1, Int>::from_data(TensorData::new(pos, [self.kv_heads * self.capacity]), &device)
             .reshape([self.kv_heads, self.capacity]);
@@ -296,8 +477,8 @@ impl LayerKv {
                     .collect()
             })
             .collect::<Result<_>>()?;
-        let cache =
-            kvslice_kernels::CacheTensors { keys: &mut self.keys, values: &mut self.values, positions: &mut positions };
+        let Store::Dense { keys, values } = &mut self.store else { unreachable!("f32 storage checked above") };
+        let cache = kvslice_kernels::CacheTensors { keys, values, positions: &mut positions };
         let counts = kvslice_kernels::compact_in_place_host(cache, slots, &lens)
             .map_err(|e| CacheError::Kernel(e.to_string()))?;
         self.set_metadata(counts.iter().map(|&c| c as usize).collect(), new_positions)
@@ -333,7 +514,25 @@ impl LayerKv {
                 return Err(CacheError::BadKeep { head: h, reason: format!("position {position} already cached") });
             }
         }
-        self.write_rows(slots, keys, values)?;
+        if let Store::Quant(q) = &self.store {
+            let in_residual = slots.iter().zip(&q.sealed).all(|(&s, &sealed)| s >= sealed);
+            let completes = slots.iter().zip(&self.lens).any(|(&s, &l)| s == l && (l + 1).is_multiple_of(KEY_GROUP));
+            if !in_residual || completes {
+                // An evicted entry in a sealed group (its group is requantized with the new
+                // row), or a group completed (sealed).
+                let mut sealed = q.sealed.clone();
+                for (h, (&s, &l)) in slots.iter().zip(&self.lens).enumerate() {
+                    if s == l && (l + 1).is_multiple_of(KEY_GROUP) {
+                        sealed[h] = l + 1;
+                    }
+                }
+                return self.through_f32(Some(sealed), |d| d.write_slots(slots, keys, values, position));
+            }
+            let starts: Vec<usize> = slots.iter().zip(&q.sealed).map(|(s, sealed)| s - sealed).collect();
+            self.write_residual(&starts, keys, values)?;
+        } else {
+            self.write_rows(slots, keys, values)?;
+        }
         for (h, &s) in slots.iter().enumerate() {
             self.positions[h * self.capacity + s] = position;
             if s == self.lens[h] {
@@ -344,42 +543,12 @@ impl LayerKv {
     }
 
     /// Writes `[kv_heads, n, head_dim]` rows into slots `starts[h] .. starts[h] + n` of every
-    /// head (bounds checked by the callers); the metadata is the callers'. On wgpu one dispatch
-    /// of the row-write kernel for the whole layer; elsewhere Burn's `slice_assign`, one per
-    /// head unless every head starts at the same slot. Either way the storage is updated in
-    /// place when this layer owns it (a clone of the layer keeps its contents).
+    /// head of a dense layer (bounds checked by the callers); the metadata is the callers'.
     fn write_rows(&mut self, starts: &[usize], keys: Tensor<3>, values: Tensor<3>) -> Result<()> {
-        let n = keys.dims()[1];
-        if n == 0 {
-            return Ok(());
+        match &mut self.store {
+            Store::Dense { keys: k, values: v } => write_rows_into(k, v, starts, keys, values),
+            Store::Quant(_) => Err(CacheError::Geometry("row writes into quantized storage".into())),
         }
-        if kvslice_kernels::buffer_id(&self.keys).is_some() {
-            let at: Vec<u32> = starts.iter().map(|&s| s as u32).collect();
-            match kvslice_kernels::write_rows(&mut self.keys, &mut self.values, &keys, &values, &at) {
-                Ok(()) => return Ok(()),
-                // The kernel validates before dispatching: the storage is untouched.
-                Err(e) => warn_once(&ROW_WRITE_FALLBACK, &format!("row-write kernel: {e}; using slice_assign")),
-            }
-        }
-        let d = self.head_dim;
-        // Taken out of `self` so that `slice_assign` finds the storage unshared and writes in
-        // place instead of copying the layer.
-        let mut k = std::mem::replace(&mut self.keys, keys.clone());
-        let mut v = std::mem::replace(&mut self.values, values.clone());
-        if starts.iter().all(|&s| s == starts[0]) {
-            let range = [0..self.kv_heads, starts[0]..starts[0] + n, 0..d];
-            k = k.slice_assign(range.clone(), keys);
-            v = v.slice_assign(range, values);
-        } else {
-            for (h, &at) in starts.iter().enumerate() {
-                let range = [h..h + 1, at..at + n, 0..d];
-                k = k.slice_assign(range.clone(), keys.clone().narrow(0, h, 1));
-                v = v.slice_assign(range, values.clone().narrow(0, h, 1));
-            }
-        }
-        self.keys = k;
-        self.values = v;
-        Ok(())
     }
 
     /// Replaces the metadata after a kernel rewrote the storage: `lens[h]` and, per head, the
@@ -436,6 +605,57 @@ impl LayerKv {
         }
         Ok(())
     }
+}
+
+/// Writes `[kv_heads, n, head_dim]` rows into slots `starts[h] .. starts[h] + n` of every head
+/// of `k`/`v` (bounds checked by the callers). On wgpu with f32 storage one dispatch of the
+/// row-write kernel for the whole layer; elsewhere Burn's `slice_assign` (rows cast to the
+/// storage's type), one per head unless every head starts at the same slot. Either way the
+/// storage is updated in place when its owner holds the only reference (a clone of a layer
+/// keeps its contents).
+fn write_rows_into(
+    k: &mut Tensor<3>,
+    v: &mut Tensor<3>,
+    starts: &[usize],
+    keys: Tensor<3>,
+    values: Tensor<3>,
+) -> Result<()> {
+    let [kv_heads, n, d] = keys.dims();
+    if n == 0 {
+        return Ok(());
+    }
+    if k.dtype() == DType::F32 && kvslice_kernels::buffer_id(k).is_some() {
+        let at: Vec<u32> = starts.iter().map(|&s| s as u32).collect();
+        match kvslice_kernels::write_rows(k, v, &keys, &values, &at) {
+            Ok(()) => return Ok(()),
+            // The kernel validates before dispatching: the storage is untouched.
+            Err(e) => warn_once(&ROW_WRITE_FALLBACK, &format!("row-write kernel: {e}; using slice_assign")),
+        }
+    }
+    let (keys, values) = if k.dtype() == keys.dtype() {
+        (keys, values)
+    } else {
+        let dtype = FloatDType::from(k.dtype());
+        (keys.cast(dtype), values.cast(dtype))
+    };
+    // Taken out of the owner so that `slice_assign` finds the storage unshared and writes in
+    // place instead of copying the layer.
+    let mut kk = std::mem::replace(k, keys.clone());
+    let mut vv = std::mem::replace(v, values.clone());
+    if starts.iter().all(|&s| s == starts[0]) {
+        let range = [0..kv_heads, starts[0]..starts[0] + n, 0..d];
+        kk = kk.slice_assign(range.clone(), keys);
+        vv = vv.slice_assign(range, values);
+    } else {
+        for (h, &at) in starts.iter().enumerate() {
+            let range = [h..h + 1, at..at + n, 0..d];
+            kk = kk.slice_assign(range.clone(), keys.clone().narrow(0, h, 1));
+            vv = vv.slice_assign(range, values.clone().narrow(0, h, 1));
+        }
+    }
+    *k = kk;
+    *v = vv;
+    Ok(())
 }
 
 /// What the model needs from a cache: append a layer's new keys/values, then read the layer
@@ -543,7 +763,21 @@ impl KvCache {
 
     /// Bytes of K/V storage occupied by live entries.
     pub fn occupied_bytes(&self) -> usize {
-        self.layers.iter().map(|l| l.lens.iter().sum::<usize>() * l.entry_bytes()).sum()
+        self.layers.iter().map(LayerKv::occupied_bytes).sum()
+    }
+
+    /// The element type of the stored entries (the first layer's; every layer converts together).
+    pub fn dtype(&self) -> KvDtype {
+        self.layers.first().map_or(KvDtype::F32, LayerKv::dtype)
+    }
+
+    /// Every layer's entries stored as `dtype` ([`LayerKv::converted`]), one layer at a time so
+    /// that the old and new storage of only one layer exist at once.
+    pub fn convert(&mut self, dtype: KvDtype) -> Result<()> {
+        for layer in &mut self.layers {
+            *layer = layer.converted(dtype)?;
+        }
+        Ok(())
     }
 
     pub fn layer_mut(&mut self, layer: usize) -> Result<&mut LayerKv> {
@@ -570,11 +804,17 @@ impl KvCache {
             return Err(CacheError::BadKeep { head: 0, reason: "truncation mark does not fit the cache".into() });
         }
         for (l, to) in self.layers.iter_mut().zip(lens) {
-            for (h, &len) in to.iter().enumerate() {
-                let at = h * l.capacity;
-                l.positions[at + len..at + l.lens[h]].fill(EMPTY_SLOT);
-                l.lens[h] = len;
+            if let Store::Quant(q) = &l.store
+                && q.sealed.iter().zip(to).any(|(&sealed, &len)| len < sealed)
+            {
+                // a sealed slot is forgotten: back through f32, sealing complete groups
+                l.through_f32(None, |d| {
+                    truncate_layer(d, to);
+                    Ok(())
+                })?;
+                continue;
             }
+            truncate_layer(l, to);
         }
         Ok(())
     }
@@ -584,7 +824,19 @@ impl KvCache {
         for l in &mut self.layers {
             l.lens.fill(0);
             l.positions.fill(EMPTY_SLOT);
+            if let Store::Quant(q) = &mut l.store {
+                q.sealed.fill(0);
+            }
         }
+    }
+}
+
+/// Cuts each head of `l` back to `to[h]` slots.
+fn truncate_layer(l: &mut LayerKv, to: &[usize]) {
+    for (h, &len) in to.iter().enumerate() {
+        let at = h * l.capacity;
+        l.positions[at + len..at + l.lens[h]].fill(EMPTY_SLOT);
+        l.lens[h] = len;
     }
 }
 

@@ -46,7 +46,7 @@ fn ragged_heads_append_at_their_own_end() {
     cache.append(0, rows(2, 3, 3, 0.0, &dev), rows(2, 3, 3, 0.0, &dev), &[0, 1, 2]).unwrap();
     // Keep slot 2 of head 0 only, slots 0 and 2 of head 1 (as a compaction would leave them).
     let layer = cache.layer_mut(0).unwrap();
-    let (k, _) = layer.storage_mut();
+    let (k, _) = layer.storage_mut().unwrap();
     let head1 = k.clone().narrow(0, 1, 1).narrow(1, 2, 1);
     *k = k.clone().slice_assign([1..2, 1..2, 0..3], head1);
     let head0 = k.clone().narrow(0, 0, 1).narrow(1, 2, 1);
@@ -57,7 +57,7 @@ fn ragged_heads_append_at_their_own_end() {
     assert_eq!(layer.lens(), &[2, 3]);
     assert_eq!(layer.head_positions(0), &[2, 3]);
     assert_eq!(layer.head_positions(1), &[0, 2, 3]);
-    let (k, _) = layer.storage();
+    let (k, _) = layer.storage().unwrap();
     let k: Vec<f32> = k.clone().into_data().try_to_vec::<f32>().unwrap();
     // head 0 slot 0 = old slot 2 (6,7,8), slot 1 = new row (90,91,92)
     assert_eq!(&k[0..6], &[6., 7., 8., 90., 91., 92.]);
@@ -85,7 +85,7 @@ fn bad_appends_are_errors_before_any_write() {
 }
 
 fn keys_of(layer: &kvslice_cache::LayerKv) -> Vec<f32> {
-    layer.storage().0.clone().into_data().try_to_vec::<f32>().unwrap()
+    layer.storage().unwrap().0.clone().into_data().try_to_vec::<f32>().unwrap()
 }
 
 /// Gather keeps the listed slots of each head, in order, in storage of the new capacity;

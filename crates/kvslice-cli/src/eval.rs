@@ -41,6 +41,11 @@ pub struct EvalArgs {
     /// Budgets, comma-separated: `10%` of the prompt, `128L` per layer on average, `2048` flat.
     #[arg(long, value_delimiter = ',', default_value = "50%,25%,10%,5%")]
     pub budget: Vec<String>,
+    /// KV dtypes of the compressed caches, comma-separated (`f32`, `f16`, `q8`, `q4`): every
+    /// policy × budget runs with each (reports key them `policy+q4@budget`); the full cache
+    /// stays f32.
+    #[arg(long, value_delimiter = ',', default_value = "f32")]
+    pub kv_dtype: Vec<kvslice_runtime::KvDtype>,
     #[arg(long, default_value_t = 16)]
     pub max_new_tokens: usize,
     /// Wrap each prompt in the model's chat template (default: plain text).
@@ -114,7 +119,9 @@ pub fn run(args: EvalArgs, verbose: bool) -> Result<()> {
     let mut compressions = Vec::new();
     for name in &names {
         for budget in &args.budget {
-            compressions.push(Compression::new(name, budget, &info)?);
+            for &dtype in &args.kv_dtype {
+                compressions.push(Compression::new(name, budget, &info)?.with_kv_dtype(dtype));
+            }
         }
     }
     let layers = model.config.num_layers;
@@ -229,8 +236,10 @@ pub fn run(args: EvalArgs, verbose: bool) -> Result<()> {
                 });
                 timing.runs += t.elapsed().as_secs_f64();
                 timing.run_count += 1;
+                let mut kv_bytes = None;
                 let (output, pass) = match outcome {
                     Ok((kept, compressed)) => {
+                        kv_bytes = compressed.as_ref().map(|r| r.compressed_bytes);
                         let text = loaded.decode(&kept)?;
                         if let Some(r) = compressed
                             && i == 0
@@ -247,7 +256,7 @@ pub fn run(args: EvalArgs, verbose: bool) -> Result<()> {
                 if verbose {
                     eprintln!("  {key:28} {qid:24} {} {:?}", if pass { "pass" } else { "fail" }, output);
                 }
-                report.record(&key, qid, CaseReport { pass, output, prompt_tokens: *prompt_tokens });
+                report.record(&key, qid, CaseReport { pass, output, prompt_tokens: *prompt_tokens, kv_bytes });
             }
         }
         if verbose {
@@ -260,6 +269,14 @@ pub fn run(args: EvalArgs, verbose: bool) -> Result<()> {
     }
 
     println!("{}", report.table());
+    // the compressed caches' size, from the real element sizes
+    for (key, run) in &report.runs {
+        let bytes: Vec<usize> = run.cases.values().filter_map(|c| c.kv_bytes).collect();
+        if !bytes.is_empty() {
+            let mean = bytes.iter().sum::<usize>() as f64 / bytes.len() as f64;
+            eprintln!("kv bytes {key}: {:.0} KiB per compressed cache (mean of {})", mean / 1024.0, bytes.len());
+        }
+    }
     let runs = timing.run_count.max(1) as f64;
     let sweep = timing.prefill + timing.stats + timing.runs;
     // Re-prefilling means one prefill of a whole prompt per run and question.

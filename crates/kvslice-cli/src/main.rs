@@ -52,6 +52,11 @@ struct EvictionArgs {
     /// Compress after the whole prefill even where the policy cascades layer by layer (CAKE).
     #[arg(long, requires = "policy")]
     one_shot: bool,
+    /// How the compressed cache stores its entries: `f32`, `f16`, or KIVI's `q8`/`q4` (keys per
+    /// channel, values per token, the newest entries at full precision until their group of 64
+    /// fills).
+    #[arg(long, default_value = "f32", requires = "policy")]
+    kv_dtype: kvslice_runtime::KvDtype,
 }
 
 #[derive(Subcommand)]
@@ -243,7 +248,8 @@ fn run(cli: Cli) -> Result<()> {
             let ids = loaded.encode_prompt(&prompt, chat)?;
             let compression = match compression {
                 Some((p, b)) => {
-                    let c = Compression::new(&p, &b, &Compression::model_info(&loaded.model))?;
+                    let c = Compression::new(&p, &b, &Compression::model_info(&loaded.model))?
+                        .with_kv_dtype(eviction.kv_dtype);
                     Some(if eviction.one_shot { c.one_shot() } else { c })
                 }
                 None => None,

@@ -393,7 +393,11 @@ mod tests {
         let mut r = Report::default();
         let mut add = |run: &str, passes: &[bool]| {
             for (i, &pass) in passes.iter().enumerate() {
-                r.record(run, &format!("c{i}"), CaseReport { pass, output: String::new(), prompt_tokens: 1 });
+                r.record(
+                    run,
+                    &format!("c{i}"),
+                    CaseReport { pass, output: String::new(), prompt_tokens: 1, kv_bytes: None },
+                );
             }
         };
         add("full", &[true, true, true, false]);

@@ -24,6 +24,10 @@ pub struct CaseReport {
     pub pass: bool,
     pub output: String,
     pub prompt_tokens: usize,
+    /// K/V storage bytes of the compressed cache (before the question and the answer), from
+    /// the real element sizes; absent for the full cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_bytes: Option<usize>,
 }
 
 /// One run: a policy at a budget, or the full cache.
@@ -222,7 +226,7 @@ mod tests {
     use super::*;
 
     fn case(pass: bool, output: &str, tokens: usize) -> CaseReport {
-        CaseReport { pass, output: output.into(), prompt_tokens: tokens }
+        CaseReport { pass, output: output.into(), prompt_tokens: tokens, kv_bytes: None }
     }
 
     fn sample() -> Report {

@@ -274,9 +274,8 @@ impl Llama {
             let qp = positions[0];
             let lens: Vec<u32> = stored.lens().iter().map(|&l| l as u32).collect();
             let all_visible = (0..kv_heads).all(|h| stored.head_positions(h).iter().all(|&p| p <= qp));
-            if all_visible {
+            if let (true, Some((keys, values))) = (all_visible, stored.storage()) {
                 // One query per head over each head's own length: the ragged decode kernel.
-                let (keys, values) = stored.storage();
                 let q1 = q.clone().reshape([heads, d]);
                 if let Ok(out) = kvslice_kernels::decode_attention(&q1, keys, values, &lens, None) {
                     let out = attn.o_proj.forward_on(out.reshape([1, heads * d]), self.skinny_rows);

@@ -580,4 +580,64 @@ mod tests {
         assert_eq!(s.rest(&tokenizer).unwrap(), "");
         assert_eq!(s.push(&tokenizer, 81).unwrap(), "a");
     }
+
+    /// A quantized cache decodes exactly as an f32 cache holding its dequantized entries (the
+    /// reference), step after step, while new tokens wait in the residual; on the steps that
+    /// seal a group the two differ by that group's quantization only. q8 stays close to the f32
+    /// compressed cache throughout.
+    #[test]
+    fn quantized_caches_decode_as_their_dequantized_entries() {
+        use kvslice_cache::{KEY_GROUP, KvDtype};
+        let model = tiny();
+        let info = Compression::model_info(&model);
+        let ids = prompt(150);
+        let max = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        for dtype in [KvDtype::Q8, KvDtype::Q4] {
+            let plain = Compression::new("snapkv", "100", &info).unwrap();
+            let c = Compression::new("snapkv", "100", &info).unwrap().with_kv_dtype(dtype);
+            assert_eq!(c.label(), format!("snapkv+{dtype}@100"));
+            let prefilled = pollster::block_on(Session::prefill_for(&model, &ids, &c.request(3))).unwrap();
+            let (mut q, report) = pollster::block_on(Session::resume(&model, &prefilled, Some(&c), 40)).unwrap();
+            let (mut f, plain_report) =
+                pollster::block_on(Session::resume(&model, &prefilled, Some(&plain), 40)).unwrap();
+            let (qb, fb) = (report.unwrap().compressed_bytes, plain_report.unwrap().compressed_bytes);
+            assert!(qb * 3 < fb, "{dtype}: {qb} bytes against {fb}");
+            assert_eq!(q.cache().dtype(), dtype);
+            for (t, &token) in prompt(39).iter().enumerate() {
+                let pos = q.position();
+                let mut reference = Session::from_cache(&model, q.cache().clone(), pos);
+                reference.cache_mut().convert(KvDtype::F32).unwrap();
+                let seals = q.cache().layers()[0].lens().iter().any(|&l| (l + 1) % KEY_GROUP == 0);
+                let got = pollster::block_on(q.next_logits(&[token])).unwrap();
+                let want = pollster::block_on(reference.next_logits(&[token])).unwrap();
+                let plain = pollster::block_on(f.next_logits(&[token])).unwrap();
+                if !seals {
+                    assert!(max(&got, &want) < 1e-4, "{dtype} step {t}: {}", max(&got, &want));
+                }
+                if dtype == KvDtype::Q8 {
+                    assert!(max(&got, &plain) < 0.05, "q8 step {t} against f32: {}", max(&got, &plain));
+                }
+            }
+        }
+        // Decode-time eviction overwrites sealed slots (their group is requantized): StreamingLLM
+        // at 70 entries, past two groups' worth of new tokens, stays at its size and close to f32.
+        let plain = Compression::new("streaming-llm", "70", &info).unwrap();
+        let q8 = Compression::new("streaming-llm", "70", &info).unwrap().with_kv_dtype(KvDtype::Q8);
+        let run = |c: &Compression| {
+            let mut g =
+                pollster::block_on(Generator::prefill(&model, &ids, GenerateOptions::greedy(1, Vec::new()), Some(c)))
+                    .unwrap();
+            pollster::block_on(g.run()).unwrap();
+            let mut session = g.into_session();
+            let mut logits = Vec::new();
+            for &token in &prompt(140) {
+                logits = pollster::block_on(session.next_logits(&[token])).unwrap();
+            }
+            (session.cache().lens_by_layer(), session.cache().dtype(), logits)
+        };
+        let (lens, dtype, got) = run(&q8);
+        let (_, _, want) = run(&plain);
+        assert_eq!((lens, dtype), (vec![vec![70, 70]; 3], KvDtype::Q8));
+        assert!(max(&got, &want) < 0.05, "streaming-llm q8 against f32: {}", max(&got, &want));
+    }
 }

@@ -28,7 +28,7 @@ pub use error::{Result, RuntimeError};
 pub use evict::{Compression, CompressionReport, DecodeEviction, DecodeRule, StatsRequest};
 pub use generate::{GenerateOptions, GenerationStats, Generator, TextStream, Token, reusable_prefix};
 pub use host::read_f32;
-pub use kvslice_cache::{CacheGeometry, KvCache, LayerKv};
+pub use kvslice_cache::{CacheGeometry, KvCache, KvDtype, LayerKv};
 pub use kvslice_formats::{ChatMessage, ModelConfig, Tokenizer};
 /// Every kernel against its CPU twin on a device: the cross-vendor check.
 pub use kvslice_kernels::conformance;

@@ -149,7 +149,7 @@ fn fill(device: &Device, kv_heads: usize, d: usize, cap: usize) -> (KvCache, Vec
     let mut cache = KvCache::new(geometry, device).unwrap();
     let mut steps = Vec::new();
     let snapshot = |cache: &KvCache| {
-        let (k, v) = cache.layer(0).unwrap().storage();
+        let (k, v) = cache.layer(0).unwrap().storage().unwrap();
         (read3(k), read3(v))
     };
     let n = cap / 2;
@@ -203,14 +203,14 @@ fn cache_row_writes_stay_in_place_and_leave_clones_alone() {
     let mut cache = KvCache::new(geometry, &device).unwrap();
     let rows = |seed, n| tensor3(&values(seed, kv_heads * n * d, 1.0), [kv_heads, n, d], &device);
     cache.append(0, rows(1, 4), rows(2, 4), &[0, 1, 2, 3]).unwrap();
-    let before = kvslice_kernels::buffer_id(cache.layer(0).unwrap().storage().0).unwrap();
+    let before = kvslice_kernels::buffer_id(cache.layer(0).unwrap().storage().unwrap().0).unwrap();
     cache.layer_mut(0).unwrap().write_slots(&[4, 1], rows(3, 1), rows(4, 1), 4).unwrap();
-    let after = kvslice_kernels::buffer_id(cache.layer(0).unwrap().storage().0).unwrap();
+    let after = kvslice_kernels::buffer_id(cache.layer(0).unwrap().storage().unwrap().0).unwrap();
     assert_eq!(before, after, "an unshared cache is written in place");
 
     let snapshot = cache.clone();
-    let kept = read3(snapshot.layer(0).unwrap().storage().0);
+    let kept = read3(snapshot.layer(0).unwrap().storage().unwrap().0);
     cache.append(0, rows(5, 2), rows(6, 2), &[5, 6]).unwrap();
-    assert_eq!(read3(snapshot.layer(0).unwrap().storage().0), kept, "the clone keeps its contents");
-    assert_ne!(read3(cache.layer(0).unwrap().storage().0), kept, "the cache took the rows");
+    assert_eq!(read3(snapshot.layer(0).unwrap().storage().unwrap().0), kept, "the clone keeps its contents");
+    assert_ne!(read3(cache.layer(0).unwrap().storage().unwrap().0), kept, "the cache took the rows");
 }

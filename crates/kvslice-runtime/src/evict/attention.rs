@@ -35,7 +35,11 @@ pub(crate) fn kernel_slot_attention(
     all_heads: bool,
 ) -> kvslice_kernels::Result<Tensor<2>> {
     let [heads, _, d] = q.dims();
-    let (keys, values) = kv.storage();
+    let (keys, values) = kv.storage().ok_or_else(|| kvslice_kernels::KernelError::DType {
+        tensor: "cache",
+        expected: "f32 storage",
+        got: kv.dtype().to_string(),
+    })?;
     let [kv_heads, cap, _] = keys.dims();
     let lens: Vec<u32> = kv.lens().iter().map(|&l| l as u32).collect();
     let mut weights = Tensor::<2>::zeros([kv_heads, cap], &q.device());
@@ -47,7 +51,7 @@ pub(crate) fn kernel_slot_attention(
 /// [`slot_attention`] from Burn ops, on any backend.
 pub(crate) fn burn_slot_attention(q: &Tensor<3>, kv: &LayerKv, all_heads: bool) -> Tensor<2> {
     let [heads, _, d] = q.dims();
-    let (keys, _) = kv.storage();
+    let (keys, _) = kv.dense();
     let [kv_heads, cap, _] = keys.dims();
     let group = heads / kv_heads;
     let device = q.device();

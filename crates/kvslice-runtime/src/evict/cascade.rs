@@ -201,13 +201,15 @@ pub(crate) fn prefill(
     let hidden = model.forward(prompt, &positions, &mut store)?;
     let (peak_bytes, spent) = (store.peak_bytes, store.spent);
     let tails = std::mem::take(&mut store.tail_queries);
-    let (cache, kept, scores) = store.finish()?;
+    let (mut cache, kept, scores) = store.finish()?;
+    let full_bytes = c.num_layers * c.num_kv_heads * n * cache.entry_bytes();
+    cache.convert(compression.kv_dtype())?;
     let eviction = compression.decode_state(budget.per_layer, &cache, scores, tails, n)?;
     let report = CompressionReport {
         kept_entries: kept.iter().flatten().map(Vec::len).sum(),
         kept,
         prompt_tokens: n,
-        full_bytes: c.num_layers * c.num_kv_heads * n * cache.entry_bytes(),
+        full_bytes,
         compressed_bytes: cache.storage_bytes(),
         peak_bytes,
         plan_time: Duration::from_secs_f64(spent),

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use burn::tensor::Tensor;
-use kvslice_cache::{KvCache, KvStore, LayerKv};
+use kvslice_cache::{KvCache, KvDtype, KvStore, LayerKv};
 use kvslice_model::Llama;
 use kvslice_policy::{BudgetSpec, KvView, LayerInput, ModelInfo, Plan, Policy, PolicySpec, WindowStats};
 
@@ -23,6 +23,8 @@ pub struct Compression {
     pub(crate) spec: BudgetSpec,
     cascade: bool,
     model: ModelInfo,
+    /// How the compressed cache stores its entries.
+    kv_dtype: KvDtype,
 }
 
 impl Compression {
@@ -41,7 +43,15 @@ impl Compression {
                  `every` at 0 for the policy's own decode rule"
             )));
         }
-        Ok(Compression { name, budget_text: budget.to_string(), policy, spec, cascade: true, model: *model })
+        Ok(Compression {
+            name,
+            budget_text: budget.to_string(),
+            policy,
+            spec,
+            cascade: true,
+            model: *model,
+            kv_dtype: KvDtype::F32,
+        })
     }
 
     /// The same compression done in one shot after the whole prefill, even for CAKE (whose
@@ -51,14 +61,30 @@ impl Compression {
         self
     }
 
+    /// The compressed cache stores its entries as `dtype` (KIVI's layout for q8 and q4): the
+    /// prefill and the policy work at full precision, the kept entries are converted, the
+    /// decode reads them dequantized.
+    pub fn with_kv_dtype(mut self, dtype: KvDtype) -> Self {
+        self.kv_dtype = dtype;
+        self
+    }
+
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
+    }
+
     /// What the policy needs of a model.
     pub fn model_info(model: &Llama) -> ModelInfo {
         ModelInfo { head_dim: model.config.head_dim, rope_theta: model.config.rope_theta }
     }
 
-    /// `policy@budget`, the key of evaluation reports.
+    /// `policy@budget` (`policy+q4@budget` with a KV dtype other than f32), the key of
+    /// evaluation reports.
     pub fn label(&self) -> String {
-        format!("{}@{}", self.name, self.budget_text)
+        match self.kv_dtype {
+            KvDtype::F32 => format!("{}@{}", self.name, self.budget_text),
+            d => format!("{}+{d}@{}", self.name, self.budget_text),
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -303,14 +329,15 @@ pub async fn compress(
     max_new_tokens: usize,
 ) -> Result<(KvCache, Option<DecodeEviction>, CompressionReport)> {
     if full.max_len() < compression.policy().needs().window {
-        return keep_whole(full, max_new_tokens);
+        return keep_whole(full, max_new_tokens, compression.kv_dtype);
     }
     let t0 = now();
     let plan = compression.plan(stats, full, model).await?;
     let t1 = now();
     let rule = compression.decode_rule(plan.budget.per_layer);
     let (extra, min_capacity) = compression.room(&rule, plan.budget.per_layer, full.max_len(), max_new_tokens);
-    let cache = compress_cache(full, &plan.kept, extra, min_capacity)?;
+    let mut cache = compress_cache(full, &plan.kept, extra, min_capacity)?;
+    cache.convert(compression.kv_dtype)?;
     cache_sync(&cache)?;
     let t2 = now();
     let scores =
@@ -334,12 +361,17 @@ pub async fn compress(
 
 /// A prompt shorter than the policy's observation window is all window, which the policy always
 /// keeps: the whole cache, copied with room for the new tokens, growing while decoding.
-fn keep_whole(full: &KvCache, max_new_tokens: usize) -> Result<(KvCache, Option<DecodeEviction>, CompressionReport)> {
+fn keep_whole(
+    full: &KvCache,
+    max_new_tokens: usize,
+    dtype: KvDtype,
+) -> Result<(KvCache, Option<DecodeEviction>, CompressionReport)> {
     let g = full.geometry();
     let n = full.max_len();
     let kept: Vec<Vec<Vec<u32>>> = (0..g.layers).map(|_| vec![(0..n as u32).collect(); g.kv_heads]).collect();
     let t0 = now();
-    let cache = compress_cache(full, &kept, max_new_tokens, 0)?;
+    let mut cache = compress_cache(full, &kept, max_new_tokens, 0)?;
+    cache.convert(dtype)?;
     let report = CompressionReport {
         kept_entries: g.layers * g.kv_heads * n,
         kept,
@@ -359,7 +391,7 @@ fn keep_whole(full: &KvCache, max_new_tokens: usize) -> Result<(KvCache, Option<
 fn cache_sync(cache: &KvCache) -> Result<()> {
     #[cfg(not(target_family = "wasm"))]
     if let Ok(l) = cache.layer(0) {
-        l.storage().0.device().sync().map_err(|e| RuntimeError::Device(format!("{e:?}")))?;
+        l.device().sync().map_err(|e| RuntimeError::Device(format!("{e:?}")))?;
     }
     #[cfg(target_family = "wasm")]
     let _ = cache;

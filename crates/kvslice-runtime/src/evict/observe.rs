@@ -319,7 +319,7 @@ impl KvStore for Recorder<'_> {
         self.heads = heads;
         self.len = n;
         let (keys, values) = stored.view();
-        let storage = stored.lens().iter().all(|&l| l == n).then(|| stored.storage());
+        let storage = stored.storage().filter(|_| stored.lens().iter().all(|&l| l == n));
         let counter_causal = self.request.counter_causal_layers.contains(&layer);
         let kv = Kv { keys: &keys, values: &values, storage };
         // the automatic route falls back to Burn ops instead of failing
@@ -659,7 +659,7 @@ pub(crate) async fn decode_window_stats(
         )));
     }
     let (keys, values) = layer.view();
-    let kv = Kv { keys: &keys, values: &values, storage: Some(layer.storage()) };
+    let kv = Kv { keys: &keys, values: &values, storage: layer.storage() };
     let windows = request
         .windows
         .iter()
