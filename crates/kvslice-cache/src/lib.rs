@@ -33,6 +33,8 @@ pub enum CacheError {
     ShapeMismatch { what: &'static str, expected: Vec<usize>, got: Vec<usize> },
     #[error("invalid cache geometry: {0}")]
     Geometry(String),
+    #[error("KV dtype: {0}")]
+    Dtype(String),
     #[error("keep list for head {head}: {reason}")]
     BadKeep { head: usize, reason: String },
     #[error("eviction during prefill failed: {0}")]
@@ -257,7 +259,7 @@ impl LayerKv {
             KvDtype::F32 => Store::Dense { keys, values },
             KvDtype::F16 => {
                 if !self.device().supports_dtype(DType::F16) {
-                    return Err(CacheError::Geometry("this device does not store f16 tensors".into()));
+                    return Err(CacheError::Dtype("this device does not store f16 tensors (use q8 or q4)".into()));
                 }
                 Store::Dense { keys: keys.cast(FloatDType::F16), values: values.cast(FloatDType::F16) }
             }

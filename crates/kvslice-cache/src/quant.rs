@@ -67,7 +67,7 @@ impl std::str::FromStr for KvDtype {
             "f16" => Ok(KvDtype::F16),
             "q8" | "int8" => Ok(KvDtype::Q8),
             "q4" | "int4" => Ok(KvDtype::Q4),
-            other => Err(CacheError::Geometry(format!("unknown KV dtype `{other}` (f32, f16, q8, q4)"))),
+            other => Err(CacheError::Dtype(format!("unknown `{other}` (f32, f16, q8, q4)"))),
         }
     }
 }
@@ -178,7 +178,7 @@ impl QuantKv {
         let per = (32 / bits) as usize;
         let vg = value_group(d);
         if !d.is_multiple_of(per) || vg < 4 {
-            return Err(CacheError::Geometry(format!(
+            return Err(CacheError::Dtype(format!(
                 "a head dimension of {d} cannot hold {bits}-bit codes ({per} per word, value groups of at least 4)"
             )));
         }

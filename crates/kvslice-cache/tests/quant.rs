@@ -214,9 +214,13 @@ fn gathers_truncation_and_f16_keep_the_entries() {
 #[test]
 fn bad_geometry_and_names_are_errors() {
     assert_eq!("q4".parse::<KvDtype>().unwrap(), KvDtype::Q4);
-    assert!("q3".parse::<KvDtype>().is_err());
+    let bad = "q3".parse::<KvDtype>().unwrap_err().to_string();
+    assert!(bad.contains("`q3`") && bad.contains("f32, f16, q8, q4"), "{bad}");
     let dev = Device::flex();
     let g = CacheGeometry { layers: 1, kv_heads: 1, head_dim: 6, capacity: 4 };
     let mut cache = KvCache::new(g, &dev).unwrap();
-    assert!(cache.convert(KvDtype::Q4).is_err());
+    // 6 channels do not fill words of eight 4-bit codes; the cache is left as it was
+    let err = cache.convert(KvDtype::Q4).unwrap_err().to_string();
+    assert!(err.contains("head dimension of 6"), "{err}");
+    assert_eq!(cache.dtype(), KvDtype::F32);
 }
