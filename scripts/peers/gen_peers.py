@@ -39,6 +39,7 @@ from kvpress import (
     AdaKVPress,
     BlockPress,
     ChunkKVPress,
+    CompactorPress,
     CriticalKVPress,
     CURPress,
     ExpectedAttentionPress,
@@ -394,14 +395,15 @@ def main():
         sketches.append(torch.randn(1, HKV, D, 48, generator=g))  # N(0, 1); the press scales it
     leverage_module = sys.modules[LeverageScorePress.__module__]
 
-    def run_leverage(press, ly):
+    def run_leverage(press, ly, offset=0):
         cos, sin = ly.pos_emb
         half = D // 2
         rotated = torch.cat((-ly.k[..., half:], ly.k[..., :half]), dim=-1)
         k_pre = ly.k * cos.unsqueeze(1) - rotated * sin.unsqueeze(1)
         phi = sketches[ly.l]
         saved = (leverage_module.get_prerope_key_states, torch.randn)
-        leverage_module.get_prerope_key_states = lambda module, hidden: k_pre
+        # the press may see a slice of the prompt (Compactor's, from `offset`)
+        leverage_module.get_prerope_key_states = lambda module, hidden: k_pre[..., offset : offset + hidden.shape[-2], :]
         torch.randn = lambda *a, **kw: phi.clone()
         try:
             return run_press(press, ly, attentions=False)
@@ -411,6 +413,17 @@ def main():
     for cr in (0.25, 0.5, 0.75):
         per_layer(f"leverage_k48_cr{cr}", "leverage", {"sketch_dimension": 48, "compression_ratio": cr},
                   lambda ly: run_leverage(LeverageScorePress(compression_ratio=cr, sketch_dimension=48), ly))
+
+    # CompactorPress: the blend of the two above over the prompt without its sinks and recent
+    # tokens (the leverage sketch injected as above), blending = the compression ratio by default
+    for sinks, recent, chunk, cr, blending in ((8, 4, 256, 0.5, None), (8, 4, 64, 0.25, None), (8, 4, 64, 0.75, None),
+                                                (4, 2, 32, 0.5, 1.5)):
+        per_layer(f"compactor_s{sinks}_r{recent}_c{chunk}_cr{cr}_b{blending}", "compactor",
+                  {"sink_size_start": sinks, "sink_size_end": recent, "chunk_size": chunk, "sketch_dimension": 48,
+                   "compression_ratio": cr, "blending": blending},
+                  lambda ly: run_leverage(CompactorPress(compression_ratio=cr, sink_size_start=sinks, sink_size_end=recent,
+                                                         chunk_size=chunk, sketch_dimension=48, blending=blending),
+                                          ly, offset=sinks))
 
     # snapkv, the paper's code: window 32, max-pool 7
     for cap in (64, 96):

@@ -6,6 +6,7 @@
 use burn::tensor::{Device, Tensor, TensorData};
 use kvslice_model::Llama;
 use kvslice_model::load::load_llama;
+use kvslice_policy::NonCausalSpec;
 use kvslice_policy::reference::{self, Dims};
 use kvslice_runtime::evict::observe::layer_stats;
 use kvslice_runtime::{
@@ -49,7 +50,7 @@ fn stats_match_reference(device: Device) {
         projection: true,
         accumulated: true,
         counter_causal_layers: vec![0],
-        non_causal_chunk: 16,
+        non_causal: vec![NonCausalSpec::whole(16), NonCausalSpec { chunk: 8, start: 3, end: 5 }],
         query_moments_skip: Some(4),
         jacobian: true,
         leverage: true,
@@ -93,13 +94,23 @@ fn stats_match_reference(device: Device) {
     }
     // chunks of 16, 16 and 5 (11 padding rows); then one chunk of 64 holding all 37
     let s = got.window(0).unwrap();
-    close("non_causal", s.non_causal.as_ref().unwrap(), &reference::non_causal_sums(dims, &q, &k, 16).unwrap());
-    let one = StatsRequest { non_causal_chunk: 64, ..StatsRequest::default() };
+    let whole = NonCausalSpec::whole(16);
+    close("non_causal", s.non_causal_for(whole).unwrap(), &reference::non_causal_sums(dims, &q, &k, 16).unwrap());
+    // a slice: positions 3..32 in chunks of 8, 8, 8 and 5; zero outside
+    let sliced = NonCausalSpec { chunk: 8, start: 3, end: 5 };
+    let want = reference::non_causal_sums_over(dims, &q, &k, sliced).unwrap();
+    close("non_causal (slice)", s.non_causal_for(sliced).unwrap(), &want);
+    assert!(want[..3].iter().chain(&want[n - 5..n]).all(|&x| x == 0.0));
+    let one = StatsRequest { non_causal: vec![NonCausalSpec::whole(64)], ..StatsRequest::default() };
     let t = |x: &[f32], shape| tensor(x, shape, &device);
     let (tq, traw, tk, tv) = (t(&q, [h, n, d]), t(&raw, [h, n, d]), t(&k, [kv, n, d]), t(&v, [kv, n, d]));
     let padded = pollster::block_on(layer_stats(&tq, &traw, &tk, &tv, &one, false)).unwrap();
     let want = reference::non_causal_sums(dims, &q, &k, 64).unwrap();
-    close("non_causal (one padded chunk)", padded.window(0).unwrap().non_causal.as_ref().unwrap(), &want);
+    close(
+        "non_causal (one padded chunk)",
+        padded.window(0).unwrap().non_causal_for(NonCausalSpec::whole(64)).unwrap(),
+        &want,
+    );
     let m = got.moments.unwrap();
     let want = kvslice_policy::QueryMoments::from_queries(&raw, h, n, d, 4).unwrap();
     close("query mean", &m.mean, &want.mean);

@@ -38,9 +38,12 @@ pub use registry::{
     Entry, LayerInput, ModelInfo, Plan, Policy, build, build_spec, listing, listing_verbose, lookup, registry,
 };
 pub use scorer::{
-    AnDPro, Block, CakeIndicator, ChunkKv, CounterCausal, CounterCausalPass, CriticalKv, Cur, ExpectedAttention, H2o,
-    Inertia, Jacap, KeyDiff, Knorm, LagKv, Leverage, LeverageScore, NonCausalAttn, Random, Refresh, Rope, Scorer,
-    SnapKv, Span, StreamingLlm, Temporal, Tova, TwinKv, TwinRepair,
+    AnDPro, Block, CakeIndicator, ChunkKv, Compactor, CounterCausal, CounterCausalPass, CriticalKv, Cur,
+    ExpectedAttention, H2o, Inertia, Jacap, KeyDiff, Knorm, LagKv, Leverage, LeverageScore, NonCausalAttn, Random,
+    Refresh, Rope, Scorer, SnapKv, Span, StreamingLlm, Temporal, Tova, TwinKv, TwinRepair,
 };
 pub use select::{Protect, select_heads, select_top_k};
-pub use stats::{GroupReduce, KvView, Needs, QueryMoments, ScoreInput, Scores, WindowStats, reduce_groups};
+pub use stats::{
+    GroupReduce, KvView, Needs, NonCausalSpec, NonCausalTable, QueryMoments, ScoreInput, Scores, WindowStats,
+    reduce_groups,
+};

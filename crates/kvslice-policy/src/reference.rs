@@ -7,7 +7,7 @@
 
 use crate::error::{PolicyError, Result};
 use crate::scorer::Rope;
-use crate::stats::WindowStats;
+use crate::stats::{NonCausalSpec, NonCausalTable, WindowStats};
 
 /// Shape of one layer's attention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,7 +112,14 @@ pub fn counter_causal_sums(dims: Dims, q: &[f32], k: &[f32]) -> Result<Vec<f32>>
 /// of its queries (padding included) attending with unscaled logits `⟨q_i, k_j⟩` to every key of
 /// its chunk (padding included), the probabilities summed over the chunk's queries.
 pub fn non_causal_sums(dims: Dims, q: &[f32], k: &[f32], chunk: usize) -> Result<Vec<f32>> {
+    non_causal_sums_over(dims, q, k, NonCausalSpec::whole(chunk))
+}
+
+/// [`non_causal_sums`] over `spec`'s range only: the range's positions are a sequence of their
+/// own, chunked from its first position; positions outside it are zero.
+pub fn non_causal_sums_over(dims: Dims, q: &[f32], k: &[f32], spec: NonCausalSpec) -> Result<Vec<f32>> {
     dims.check(q, k, None)?;
+    let chunk = spec.chunk;
     if chunk == 0 {
         return Err(PolicyError::InvalidParameter {
             method: "non-causal-attn",
@@ -121,17 +128,18 @@ pub fn non_causal_sums(dims: Dims, q: &[f32], k: &[f32], chunk: usize) -> Result
         });
     }
     let Dims { heads, kv_heads, len: n, head_dim: d } = dims;
+    let range = spec.range(n);
     let g = heads / kv_heads;
     let zero = vec![0f32; d];
     let mut out = vec![0f64; heads * n];
     for h in 0..heads {
-        for start in (0..n).step_by(chunk) {
-            let row = |i: usize| if i < n { dims.row(q, h, i) } else { &zero[..] };
-            let key = |j: usize| if j < n { dims.row(k, h / g, j) } else { &zero[..] };
+        for start in range.clone().step_by(chunk) {
+            let row = |i: usize| if i < range.end { dims.row(q, h, i) } else { &zero[..] };
+            let key = |j: usize| if j < range.end { dims.row(k, h / g, j) } else { &zero[..] };
             for i in start..start + chunk {
                 let logits: Vec<f64> = (start..start + chunk).map(|j| dot(row(i), key(j))).collect();
                 for (t, p) in softmax_over(&logits).into_iter().enumerate() {
-                    if start + t < n {
+                    if start + t < range.end {
                         out[h * n + start + t] += p;
                     }
                 }
@@ -170,7 +178,10 @@ pub fn window_stats(dims: Dims, q: &[f32], k: &[f32], v: &[f32], window: usize) 
         projection: Some(vec![0.0; heads * n]),
         accumulated: Some(vec![0.0; heads * n]),
         counter_causal: Some(counter_causal_sums(dims, q, k)?),
-        non_causal: Some(non_causal_sums(dims, q, k, NON_CAUSAL_CHUNK)?),
+        non_causal: vec![NonCausalTable {
+            spec: NonCausalSpec::whole(NON_CAUSAL_CHUNK),
+            sums: non_causal_sums(dims, q, k, NON_CAUSAL_CHUNK)?,
+        }],
         jacobian: Some(vec![0.0; heads * n]),
         ..WindowStats::default()
     };

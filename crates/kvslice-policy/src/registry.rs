@@ -13,8 +13,8 @@ use crate::ladder::Ladder;
 use crate::options::{OptionKind, OptionSpec, Options, PolicySpec};
 use crate::pool::Pooling;
 use crate::scorer::{
-    AnDPro, Block, CakeIndicator, ChunkKv, CounterCausal, CriticalKv, Cur, ExpectedAttention, H2o, Inertia, Jacap,
-    KeyDiff, Knorm, LagKv, Leverage, LeverageScore, NonCausalAttn, Random, Refresh, Rope, Scorer, SnapKv, Span,
+    AnDPro, Block, CakeIndicator, ChunkKv, Compactor, CounterCausal, CriticalKv, Cur, ExpectedAttention, H2o, Inertia,
+    Jacap, KeyDiff, Knorm, LagKv, Leverage, LeverageScore, NonCausalAttn, Random, Refresh, Rope, Scorer, SnapKv, Span,
     StreamingLlm, Temporal, Tova, TwinKv, TwinRepair,
 };
 use crate::select::Protect;
@@ -770,6 +770,26 @@ static REGISTRY: &[Entry] = &[
         },
     },
     Entry {
+        name: "compactor",
+        paper: "Chari & Van Durme 2025, Compactor: Calibrated Query-Agnostic KV Cache Compression with Approximate Leverage Scores (arXiv:2507.08143), kvpress's CompactorPress",
+        summary: "query-agnostic: key leverage × the evicted fraction + non-causal chunked attention × ‖v‖, past 8 sinks and before the last 4",
+        options: compactor_options,
+        scored: true,
+        build: |o, m| scored(compactor(o, m)?, Uniform, DecodeSpec::Grow),
+    },
+    Entry {
+        name: "compactor-span",
+        paper: "Compactor (arXiv:2507.08143) with whole spans kept: each token scores the best blended score of the 12 before it (kvslice)",
+        summary: "Compactor's blend dilated over spans, as snapkv-span does for SnapKV",
+        options: || {
+            let mut o = compactor_options();
+            o.extend(span_options());
+            o
+        },
+        scored: true,
+        build: |o, m| scored(span(compactor(o, m)?, o)?, Uniform, DecodeSpec::Grow),
+    },
+    Entry {
         name: "random",
         paper: "uniform random eviction, the baseline of kvpress's RandomPress (seeded SplitMix64 draws)",
         summary: "a seeded uniform sample of the tokens",
@@ -868,6 +888,45 @@ static REGISTRY: &[Entry] = &[
         },
     },
 ];
+
+fn compactor_options() -> Vec<OptionSpec> {
+    vec![
+        int("sketch", "48", 1, 4096, "columns of the Gaussian sketch"),
+        int("seed", "0", 0, 4_294_967_295, "seed of the sketch's draws"),
+        int("chunk", "256", 1, 65536, "tokens per chunk of non-causal attention"),
+        int("sinks", "8", 0, 65536, "leading tokens always kept and left out of both scores"),
+        int("recent", "4", 0, 65536, "trailing tokens always kept and left out of both scores"),
+        float(
+            "blend",
+            "-1",
+            -1.0,
+            1e6,
+            "weight of the leverage score; -1: the evicted fraction 1 - budget/n (kvpress)",
+        ),
+    ]
+}
+
+fn compactor(o: &Options, m: &ModelInfo) -> Result<Compactor> {
+    let rope = Rope::llama(m.rope_theta, m.head_dim)?;
+    let blend = o.get_f64("blend")?;
+    let blend = if blend < 0.0 {
+        if blend != -1.0 {
+            return Err(o.invalid("blend", "a weight ≥ 0, or -1 for the evicted fraction"));
+        }
+        None
+    } else {
+        Some(blend)
+    };
+    Compactor::with(
+        rope,
+        o.get_usize("sketch")?,
+        o.get_usize("seed")? as u64,
+        o.get_usize("chunk")?,
+        o.get_usize("sinks")?,
+        o.get_usize("recent")?,
+        blend,
+    )
+}
 
 fn counter_causal_options(last_layer: &'static str) -> Vec<OptionSpec> {
     vec![
@@ -1005,6 +1064,8 @@ mod tests {
             ("non-causal-attn", old(NonCausalAttn::default(), Uniform, None)),
             ("leverage", old(LeverageScore::new(rope(), 48, 0).unwrap(), Uniform, None)),
             ("leverage-span", old(Span::new(Box::new(LeverageScore::new(rope(), 48, 0).unwrap())), Uniform, None)),
+            ("compactor", old(Compactor::new(rope(), 0).unwrap(), Uniform, None)),
+            ("compactor-span", old(Span::new(Box::new(Compactor::new(rope(), 0).unwrap())), Uniform, None)),
             ("random", old(Random::default(), Uniform, None)),
             ("chunkkv", old(ChunkKv::new(Box::new(SnapKv::default()), 20).unwrap(), Uniform, None)),
             ("lagkv", old(LagKv::default(), Uniform, None)),

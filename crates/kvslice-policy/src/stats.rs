@@ -45,12 +45,12 @@ pub struct WindowStats {
     /// `[H, n]`, optional: `Σ_{i ≤ j} c_ij`, the column sums of counter-causal attention
     /// `c_ij = softmax_{j ≥ i}(⟨q_i, k_j⟩/√d)` (each query sees itself and the later keys).
     pub counter_causal: Option<Vec<f32>>,
-    /// `[H, n]`, optional: the column sums of chunked non-causal attention
-    /// ([`crate::scorer::non_causal`]): the prompt cut into chunks of
-    /// [`Needs::non_causal_chunk`] tokens, the last one zero-padded, each query attending to
-    /// every key of its chunk with unscaled logits `⟨q_i, k_j⟩`, summed over the chunk's
-    /// queries (padding rows included).
-    pub non_causal: Option<Vec<f32>>,
+    /// The column sums of chunked non-causal attention ([`crate::scorer::non_causal`]), one
+    /// `[H, n]` table per [`NonCausalSpec`] asked for: the positions of the spec's range cut
+    /// into chunks of `chunk` tokens from its start, the last one zero-padded, each query
+    /// attending to every key of its chunk with unscaled logits `⟨q_i, k_j⟩`, summed over the
+    /// chunk's queries (padding rows included); zero outside the range.
+    pub non_causal: Vec<NonCausalTable>,
     /// `[H, n]`, optional: `mean_q a_qj · ‖v_j − o_q‖₂`, the norm of the attention output's
     /// derivative with respect to key `j`'s logit, `∂o_q/∂s_qj = a_qj (v_j − o_q)`, averaged over
     /// the window queries (Jacap's softmax-aware importance weight).
@@ -67,6 +67,47 @@ pub struct WindowStats {
     pub twin_index: Option<Vec<u32>>,
 }
 
+/// The range and chunking of one chunked non-causal attention table: positions
+/// `[start, n − end)` (clamped as kvpress's `CompactorPress` clamps them: `start' = min(start,
+/// n)`, `end' = min(end, n − start')`), cut into chunks of `chunk` tokens from `start'`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NonCausalSpec {
+    /// Tokens per chunk (positive).
+    pub chunk: usize,
+    /// Leading positions left out.
+    pub start: usize,
+    /// Trailing positions left out.
+    pub end: usize,
+}
+
+impl NonCausalSpec {
+    /// Chunks of `chunk` over the whole prompt (kvpress's `NonCausalAttnPress`).
+    pub const fn whole(chunk: usize) -> Self {
+        NonCausalSpec { chunk, start: 0, end: 0 }
+    }
+
+    /// The range `[start', n − end')` it covers in a prompt of `n` tokens.
+    pub fn range(&self, n: usize) -> std::ops::Range<usize> {
+        let start = self.start.min(n);
+        let end = self.end.min(n - start);
+        start..n - end
+    }
+}
+
+/// One chunked non-causal attention table, `[H, n]`, and what it was computed over.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NonCausalTable {
+    pub spec: NonCausalSpec,
+    pub sums: Vec<f32>,
+}
+
+impl WindowStats {
+    /// The non-causal table computed for `spec`, if the runtime computed it.
+    pub fn non_causal_for(&self, spec: NonCausalSpec) -> Option<&[f32]> {
+        self.non_causal.iter().find(|t| t.spec == spec).map(|t| t.sums.as_slice())
+    }
+}
+
 /// Which inputs a scorer needs, so the runtime asks the kernels only for those.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Needs {
@@ -80,8 +121,8 @@ pub struct Needs {
     pub accumulated: bool,
     /// `WindowStats::counter_causal`.
     pub counter_causal: bool,
-    /// `WindowStats::non_causal` over chunks of this many tokens (0: not needed).
-    pub non_causal_chunk: usize,
+    /// A `WindowStats::non_causal` table of this range and chunk.
+    pub non_causal: Option<NonCausalSpec>,
     /// The cached keys.
     pub keys: bool,
     /// The cached values.
@@ -107,7 +148,8 @@ impl Needs {
             projection: self.projection || o.projection,
             accumulated: self.accumulated || o.accumulated,
             counter_causal: self.counter_causal || o.counter_causal,
-            non_causal_chunk: self.non_causal_chunk.max(o.non_causal_chunk),
+            // no scorer combines two tables; the first one asked for wins
+            non_causal: self.non_causal.or(o.non_causal),
             keys: self.keys || o.keys,
             values: self.values || o.values,
             query_moments: self.query_moments || o.query_moments,
@@ -158,12 +200,14 @@ impl WindowStats {
             ("projection", &self.projection),
             ("accumulated", &self.accumulated),
             ("counter_causal", &self.counter_causal),
-            ("non_causal", &self.non_causal),
             ("jacobian", &self.jacobian),
         ] {
             if let Some(v) = opt {
                 check_len(what, v, hn)?;
             }
+        }
+        for t in &self.non_causal {
+            check_len("non_causal", &t.sums, hn)?;
         }
         let kn = self.kv_heads * self.len;
         for (what, opt) in [("leverage", &self.leverage), ("twin", &self.twin)] {

@@ -6,9 +6,10 @@ mod common;
 
 use common::{Peers, jaccard_distance};
 use kvslice_policy::alloc::{AdaKv, AdaMode, Uniform};
+use kvslice_policy::reference::non_causal_sums_over;
 use kvslice_policy::{
-    BudgetSpec, GroupReduce, KvView, LayerInput, ModelInfo, Policy, Pooling, Protect, ScoreInput, Scorer, SnapKv,
-    registry, select_heads,
+    BudgetSpec, GroupReduce, KvView, LayerInput, ModelInfo, NonCausalTable, Policy, Pooling, Protect, ScoreInput,
+    Scorer, SnapKv, registry, select_heads,
 };
 
 #[test]
@@ -20,7 +21,16 @@ fn every_registered_policy_plans_valid_kept_sets() {
         let policy = entry.build(&model).unwrap();
         let needs = policy.needs();
         let window = needs.window.max(1);
-        let stats: Vec<_> = (0..p.layers).map(|l| p.stats(l, window)).collect();
+        let stats: Vec<_> = (0..p.layers)
+            .map(|l| {
+                let mut s = p.stats(l, window);
+                if let Some(spec) = needs.non_causal.filter(|&spec| s.non_causal_for(spec).is_none()) {
+                    let sums = non_causal_sums_over(p.dims(), &p.q_rot[l], &p.keys[l], spec).unwrap();
+                    s.non_causal.push(NonCausalTable { spec, sums });
+                }
+                s
+            })
+            .collect();
         let moments: Vec<_> = (0..p.layers).map(|l| p.moments(l, 4)).collect();
         let proj: Vec<_> = (0..p.layers).map(|l| p.value_proj_l1(l)).collect();
         let layers: Vec<LayerInput<'_>> = (0..p.layers)
@@ -78,6 +88,7 @@ fn every_registered_policy_plans_valid_kept_sets() {
             || needs.counter_causal
             || needs.twins
             || needs.leverage
+            || needs.non_causal.is_some()
         {
             let mut bare = stats[0].clone();
             bare.accumulated = None;
@@ -86,6 +97,7 @@ fn every_registered_policy_plans_valid_kept_sets() {
             bare.leverage = None;
             bare.twin = None;
             bare.twin_index = None;
+            bare.non_causal.clear();
             let only = vec![LayerInput::new(&bare); p.layers];
             assert!(policy.plan(&only, &"50%".parse().unwrap()).is_err(), "{} without its inputs", entry.name);
         }

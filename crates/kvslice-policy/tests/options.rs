@@ -192,6 +192,8 @@ fn every_entry_declares_the_decode_rule_the_runtime_used_by_name() {
         ("non-causal-attn", DecodeRule::Grow),
         ("leverage", DecodeRule::Grow),
         ("leverage-span", DecodeRule::Grow),
+        ("compactor", DecodeRule::Grow),
+        ("compactor-span", DecodeRule::Grow),
         ("random", DecodeRule::Grow),
         ("chunkkv", DecodeRule::Grow),
         ("lagkv", DecodeRule::Grow),

@@ -6,12 +6,12 @@ mod common;
 
 use common::{Peers, jaccard_distance};
 use kvslice_policy::alloc::{AdaKv, AdaMode, Allocator, Cake, CakeCascade, LayerScores, PyramidKv, Uniform};
-use kvslice_policy::reference::non_causal_sums;
+use kvslice_policy::reference::{non_causal_sums, non_causal_sums_over};
 use kvslice_policy::scorer::leverage::leverage_scores;
 use kvslice_policy::{
-    Block, BudgetSpec, CakeIndicator, ChunkKv, CriticalKv, Cur, ExpectedAttention, GroupReduce, H2o, KeyDiff, Knorm,
-    KvView, LagKv, Leverage, NonCausalAttn, Pooling, Protect, ScoreInput, Scorer, Scores, SnapKv, StreamingLlm, Tova,
-    select_heads, select_top_k,
+    Block, BudgetSpec, CakeIndicator, ChunkKv, Compactor, CriticalKv, Cur, ExpectedAttention, GroupReduce, H2o,
+    KeyDiff, Knorm, KvView, LagKv, Leverage, NonCausalAttn, NonCausalSpec, NonCausalTable, Pooling, Protect,
+    ScoreInput, Scorer, Scores, SnapKv, StreamingLlm, Tova, select_heads, select_top_k,
 };
 use serde_json::Value;
 
@@ -309,7 +309,10 @@ fn ours(p: &mut Peers, case: &Value, tie_scores: &mut Option<Vec<Scores>>) -> Ke
             let scores: Vec<Scores> = (0..p.layers)
                 .map(|l| {
                     let mut stats = p.stats(l, 1);
-                    stats.non_causal = Some(non_causal_sums(p.dims(), &p.q_rot[l], &p.keys[l], chunk).unwrap());
+                    stats.non_causal = vec![NonCausalTable {
+                        spec: NonCausalSpec::whole(chunk),
+                        sums: non_causal_sums(p.dims(), &p.q_rot[l], &p.keys[l], chunk).unwrap(),
+                    }];
                     let kv = KvView {
                         kv_heads: p.kv_heads,
                         len: n,
@@ -324,6 +327,39 @@ fn ours(p: &mut Peers, case: &Value, tie_scores: &mut Option<Vec<Scores>>) -> Ke
             *tie_scores = Some(scores);
             kept
         }
+        "compactor" => {
+            let (sinks, recent, chunk, k) = (
+                u(case, "sink_size_start"),
+                u(case, "sink_size_end"),
+                u(case, "chunk_size"),
+                u(case, "sketch_dimension"),
+            );
+            let b = n_kept(n, f(case, "compression_ratio"));
+            // `null`: the compression ratio, which the scorer derives from the budget
+            let blend = case["params"]["blending"].as_f64();
+            let scorer = Compactor::with(p.rope.clone(), k, 0, chunk, sinks, recent, blend).unwrap();
+            let scale = (1.0 / (k as f64).sqrt()) as f32;
+            let scores: Vec<Scores> = (0..p.layers)
+                .map(|l| {
+                    let mut stats = p.stats(l, 1);
+                    let spec = scorer.spec();
+                    let sums = non_causal_sums_over(p.dims(), &p.q_rot[l], &p.keys[l], spec).unwrap();
+                    stats.non_causal = vec![NonCausalTable { spec, sums }];
+                    let kv = KvView {
+                        kv_heads: p.kv_heads,
+                        len: n,
+                        head_dim: p.head_dim,
+                        keys: Some(&p.keys[l]),
+                        values: Some(&p.values[l]),
+                    };
+                    let phi: Vec<f32> = p.leverage_sketch[l].iter().map(|&z| z * scale).collect();
+                    scorer.score_with(&ScoreInput { kv: Some(kv), ..ScoreInput::new(&stats, b) }, &phi).unwrap()
+                })
+                .collect();
+            let kept = uniform_kept(&scores, b, scorer.protect(b));
+            *tie_scores = Some(scores);
+            kept
+        }
         other => panic!("no Rust counterpart for peer method {other}"),
     }
 }
@@ -332,7 +368,7 @@ fn ours(p: &mut Peers, case: &Value, tie_scores: &mut Option<Vec<Scores>>) -> Ke
 fn kept_sets_match_the_peers() {
     let mut p = Peers::load();
     let cases = p.cases.clone();
-    assert!(cases.len() >= 65, "stored cases");
+    assert!(cases.len() >= 69, "stored cases");
     let (mut sets, mut exact, mut worst, mut tied) = (0usize, 0usize, 0f64, 0usize);
     let mut failures = Vec::new();
     for case in &cases {

@@ -56,6 +56,11 @@ impl LeverageScore {
         Ok(LeverageScore { rope, sketch, seed })
     }
 
+    /// The rotation it undoes.
+    pub fn rope(&self) -> &Rope {
+        &self.rope
+    }
+
     /// `Φ` for `kv_heads` heads, `[H_kv, d, k]`: entries `N(0, 1/k)` by Box–Muller on SplitMix64.
     pub fn sketch_matrix(&self, kv_heads: usize, d: usize) -> Vec<f32> {
         let k = self.sketch;

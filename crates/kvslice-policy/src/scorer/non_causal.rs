@@ -24,7 +24,7 @@ use crate::error::{PolicyError, Result};
 use crate::pool::Pooling;
 use crate::scorer::Scorer;
 use crate::select::Protect;
-use crate::stats::{GroupReduce, Needs, ScoreInput, Scores, reduce_groups};
+use crate::stats::{GroupReduce, Needs, NonCausalSpec, ScoreInput, Scores, reduce_groups};
 
 /// kvpress's z-score clamp on the standard deviation.
 const STD_MIN: f64 = 1e-6;
@@ -78,7 +78,7 @@ impl Scorer for NonCausalAttn {
     }
 
     fn needs(&self) -> Needs {
-        Needs { non_causal_chunk: self.chunk, values: true, ..Needs::default() }
+        Needs { non_causal: Some(NonCausalSpec::whole(self.chunk)), values: true, ..Needs::default() }
     }
 
     fn protect(&self, _budget: usize) -> Protect {
@@ -88,7 +88,9 @@ impl Scorer for NonCausalAttn {
     fn score(&self, input: &ScoreInput<'_>) -> Result<Scores> {
         let s = input.stats;
         s.validate()?;
-        let sums = input.optional("non-causal-attn", "window statistic `non_causal`", &s.non_causal)?;
+        let sums = s
+            .non_causal_for(NonCausalSpec::whole(self.chunk))
+            .ok_or(PolicyError::MissingInput { method: "non-causal-attn", input: "window statistic `non_causal`" })?;
         let (kv, values) = input.values("non-causal-attn")?;
         let n = s.len;
         let mut out = reduce_groups(sums, s.heads, s.kv_heads, n, GroupReduce::Mean)?;
@@ -135,7 +137,7 @@ mod tests {
             var: vec![0.0; 3],
             last: vec![0.0; 3],
             entropy: vec![0.0],
-            non_causal: Some(sums),
+            non_causal: vec![crate::stats::NonCausalTable { spec: NonCausalSpec::whole(2), sums }],
             ..WindowStats::default()
         };
         let kv = KvView { kv_heads: 1, len: 3, head_dim: 1, keys: None, values: Some(&v) };

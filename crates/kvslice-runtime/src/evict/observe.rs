@@ -18,7 +18,7 @@ use burn::tensor::activation::softmax;
 use burn::tensor::{Int, Tensor};
 use kvslice_cache::{KvCache, KvStore, LayerKv};
 use kvslice_policy::scorer::{jacap, twin};
-use kvslice_policy::{Needs, QueryMoments, WindowStats};
+use kvslice_policy::{Needs, NonCausalSpec, NonCausalTable, QueryMoments, WindowStats};
 
 use crate::error::Result;
 use crate::host::read_f32;
@@ -48,8 +48,8 @@ pub struct StatsRequest {
     pub accumulated: bool,
     /// Layers whose counter-causal column sums are computed.
     pub counter_causal_layers: Vec<usize>,
-    /// Chunked non-causal column sums over chunks of this many tokens (0: none).
-    pub non_causal_chunk: usize,
+    /// Chunked non-causal column sums, one table per range and chunking.
+    pub non_causal: Vec<NonCausalSpec>,
     /// Pre-RoPE query moments, skipping this many leading positions.
     pub query_moments_skip: Option<usize>,
     /// Jacap's `‖∂o/∂s‖` weights per window.
@@ -73,7 +73,9 @@ impl StatsRequest {
         self.value_weighted |= needs.value_weighted;
         self.projection |= needs.projection;
         self.accumulated |= needs.accumulated;
-        self.non_causal_chunk = self.non_causal_chunk.max(needs.non_causal_chunk);
+        if let Some(spec) = needs.non_causal.filter(|s| !self.non_causal.contains(s)) {
+            self.non_causal.push(spec);
+        }
         if needs.counter_causal {
             for &l in cc_layers {
                 if !self.counter_causal_layers.contains(&l) {
@@ -115,8 +117,8 @@ pub(crate) struct LayerTensors {
     windows: Vec<WindowTensors>,
     accumulated: Option<Tensor<2>>,
     counter_causal: Option<Tensor<2>>,
-    /// `[H, n]`.
-    non_causal: Option<Tensor<2>>,
+    /// `[H, n]` per range and chunking.
+    non_causal: Vec<(NonCausalSpec, Tensor<2>)>,
     /// `[H, d]`, `[H, d, d]`.
     moments: Option<(Tensor<2>, Tensor<3>)>,
     /// `[H_kv, n]` best-twin similarity and its position (as f32).
@@ -183,10 +185,10 @@ impl Observations {
                 Some(t) => Some(read_f32(t.clone()).await?),
                 None => None,
             };
-            let non_causal = match &layer.non_causal {
-                Some(t) => Some(read_f32(t.clone()).await?),
-                None => None,
-            };
+            let mut non_causal = Vec::with_capacity(layer.non_causal.len());
+            for (spec, t) in &layer.non_causal {
+                non_causal.push(NonCausalTable { spec: *spec, sums: read_f32(t.clone()).await? });
+            }
             let mut windows = Vec::with_capacity(layer.windows.len().max(1));
             for w in &layer.windows {
                 let opt = async |t: &Option<Tensor<2>>| -> Result<Option<Vec<f32>>> {
@@ -363,7 +365,7 @@ fn compute(
         windows,
         accumulated: request.accumulated.then(|| column_sums(rotated, keys, Direction::Causal)),
         counter_causal: counter_causal.then(|| column_sums(rotated, keys, Direction::CounterCausal)),
-        non_causal: (request.non_causal_chunk > 0).then(|| non_causal_sums(rotated, keys, request.non_causal_chunk)),
+        non_causal: request.non_causal.iter().map(|&spec| (spec, non_causal_sums(rotated, keys, spec))).collect(),
         moments: request.query_moments_skip.filter(|&s| s < n).map(|skip| moments(raw, skip)),
         twins: request.twins.then(|| twins(keys)),
         tail_queries: tail_queries(rotated, request.tail_queries),
@@ -593,14 +595,23 @@ fn column_sums(q: &Tensor<3>, keys: &Tensor<3>, direction: Direction) -> Tensor<
 /// logits. The last chunk's zero padding is accounted for without being built: each real query's
 /// softmax has `pad` more zero logits in its denominator, and each of the `pad` zero queries
 /// gives `1/chunk` to every key of the chunk. One chunk at a time, its queries in blocks, so no
-/// tensor holds more than about `MAX_CHUNK_ELEMS` scores whatever the chunk size.
-fn non_causal_sums(q: &Tensor<3>, keys: &Tensor<3>, chunk: usize) -> Tensor<2> {
+/// tensor holds more than about `MAX_CHUNK_ELEMS` scores whatever the chunk size. Only `spec`'s
+/// range is chunked (from its first position); the positions outside it are zero.
+fn non_causal_sums(q: &Tensor<3>, keys: &Tensor<3>, spec: NonCausalSpec) -> Tensor<2> {
     let [heads, n, _] = q.dims();
+    let chunk = spec.chunk;
+    let range = spec.range(n);
+    if chunk == 0 || range.is_empty() {
+        return Tensor::<2>::zeros([heads, n], &q.device());
+    }
     let k = per_query_head(keys, heads);
-    let mut parts = Vec::with_capacity(n.div_ceil(chunk));
-    let mut start = 0;
-    while start < n {
-        let m = chunk.min(n - start);
+    let mut parts = Vec::with_capacity(range.len().div_ceil(chunk) + 2);
+    if range.start > 0 {
+        parts.push(Tensor::<2>::zeros([heads, range.start], &q.device()));
+    }
+    let mut start = range.start;
+    while start < range.end {
+        let m = chunk.min(range.end - start);
         let pad = chunk - m;
         let kc = k.clone().narrow(1, start, m).swap_dims(1, 2); // [H, d, m]
         // each query's softmax is its own: queries in blocks of `[H, rows, m]` at most
@@ -624,6 +635,9 @@ fn non_causal_sums(q: &Tensor<3>, keys: &Tensor<3>, chunk: usize) -> Tensor<2> {
         }
         parts.push(if pad == 0 { sums } else { sums.add_scalar(pad as f64 / chunk as f64) });
         start += m;
+    }
+    if range.end < n {
+        parts.push(Tensor::<2>::zeros([heads, n - range.end], &q.device()));
     }
     Tensor::cat(parts, 1)
 }

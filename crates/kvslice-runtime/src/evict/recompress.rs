@@ -35,7 +35,7 @@ pub(crate) fn refusal(policy: &Policy) -> Option<&'static str> {
         Some("attention accumulated over every query of the prompt")
     } else if needs.counter_causal {
         Some("counter-causal attention over the whole sequence")
-    } else if needs.non_causal_chunk > 0 {
+    } else if needs.non_causal.is_some() {
         Some("non-causal attention over the prompt's chunks")
     } else if needs.query_moments {
         Some("the moments of the prompt's queries")
