@@ -50,6 +50,7 @@ from kvpress import (
     NonCausalAttnPress,
     ObservedAttentionPress,
     PyramidKVPress,
+    SimLayerKVPress,
     SnapKVPress,
     StreamingLLMPress,
     TOVAPress,
@@ -424,6 +425,15 @@ def main():
                   lambda ly: run_leverage(CompactorPress(compression_ratio=cr, sink_size_start=sinks, sink_size_end=recent,
                                                          chunk_size=chunk, sketch_dimension=48, blending=blending),
                                           ly, offset=sinks))
+
+    # SimLayerKVPress: the last query's attention on 4 initial + 32 (or 48) recent keys is
+    # 0.27 / 0.22 / 0.30 / 0.20 (0.39 / 0.39 / 0.39 / 0.26) in the four layers, so these
+    # thresholds make two, three, three and no layers lazy
+    for threshold, recent in ((0.25, 32), (0.21, 32), (0.35, 48), (1.0, 32)):
+        per_layer(f"simlayerkv_t{threshold}_r{recent}", "simlayerkv",
+                  {"lazy_threshold": threshold, "n_last": 1, "n_recent": recent, "n_initial": 4},
+                  lambda ly: run_press(SimLayerKVPress(lazy_threshold=threshold, n_last=1, n_recent=recent,
+                                                       n_initial=4), ly, attentions=False))
 
     # snapkv, the paper's code: window 32, max-pool 7
     for cap in (64, 96):

@@ -12,6 +12,7 @@ use crate::error::{PolicyError, Result};
 use crate::ladder::Ladder;
 use crate::options::{OptionKind, OptionSpec, Options, PolicySpec};
 use crate::pool::Pooling;
+use crate::scorer::simlayer::{Laziness, SimLayer, SimLayerBudget};
 use crate::scorer::{
     AnDPro, Block, CakeIndicator, ChunkKv, Compactor, CounterCausal, CriticalKv, Cur, ExpectedAttention, H2o, Inertia,
     Jacap, KeyDiff, Knorm, LagKv, Leverage, LeverageScore, NonCausalAttn, Random, Refresh, Rope, Scorer, SnapKv, Span,
@@ -790,6 +791,25 @@ static REGISTRY: &[Entry] = &[
         build: |o, m| scored(span(compactor(o, m)?, o)?, Uniform, DecodeSpec::Grow),
     },
     Entry {
+        name: "simlayerkv",
+        paper: "Zhang et al. 2024, SimLayerKV: A Simple Framework for Layer-Level KV Cache Reduction (arXiv:2410.13846), kvpress's SimLayerKVPress",
+        summary: "lazy layers (the last query's attention > 0.9 on 4 initial + 1024 recent keys) keep only those; the other layers share what they leave, ranked by SnapKV",
+        options: || {
+            let mut o = snap_kvpress();
+            o.extend([
+                float("threshold", "0.9", 0.0, 1.0, "a layer is lazy above this attention mass (1: never)"),
+                int("initial", "4", 0, 65536, "initial tokens a lazy layer keeps"),
+                int("recent", "1024", 1, 1 << 20, "recent keys of the test; a lazy layer keeps the last recent - 1"),
+            ]);
+            o
+        },
+        scored: true,
+        build: |o, _| {
+            let lazy = Laziness::new(o.get_f64("threshold")?, o.get_usize("initial")?, o.get_usize("recent")?)?;
+            scored(SimLayer::new(Box::new(snapkv(o)?), lazy), SimLayerBudget::new(lazy), DecodeSpec::Grow)
+        },
+    },
+    Entry {
         name: "random",
         paper: "uniform random eviction, the baseline of kvpress's RandomPress (seeded SplitMix64 draws)",
         summary: "a seeded uniform sample of the tokens",
@@ -1066,6 +1086,10 @@ mod tests {
             ("leverage-span", old(Span::new(Box::new(LeverageScore::new(rope(), 48, 0).unwrap())), Uniform, None)),
             ("compactor", old(Compactor::new(rope(), 0).unwrap(), Uniform, None)),
             ("compactor-span", old(Span::new(Box::new(Compactor::new(rope(), 0).unwrap())), Uniform, None)),
+            ("simlayerkv", {
+                let lazy = Laziness::new(0.9, 4, 1024).unwrap();
+                old(SimLayer::new(Box::new(SnapKv::default()), lazy), SimLayerBudget::new(lazy), None)
+            }),
             ("random", old(Random::default(), Uniform, None)),
             ("chunkkv", old(ChunkKv::new(Box::new(SnapKv::default()), 20).unwrap(), Uniform, None)),
             ("lagkv", old(LagKv::default(), Uniform, None)),

@@ -194,6 +194,7 @@ fn every_entry_declares_the_decode_rule_the_runtime_used_by_name() {
         ("leverage-span", DecodeRule::Grow),
         ("compactor", DecodeRule::Grow),
         ("compactor-span", DecodeRule::Grow),
+        ("simlayerkv", DecodeRule::Grow),
         ("random", DecodeRule::Grow),
         ("chunkkv", DecodeRule::Grow),
         ("lagkv", DecodeRule::Grow),
