@@ -45,6 +45,7 @@ from kvpress import (
     ExpectedAttentionPress,
     KeyDiffPress,
     KnormPress,
+    KVzipPress,
     LagKVPress,
     LeverageScorePress,
     NonCausalAttnPress,
@@ -434,6 +435,44 @@ def main():
                   {"lazy_threshold": threshold, "n_last": 1, "n_recent": recent, "n_initial": 4},
                   lambda ly: run_press(SimLayerKVPress(lazy_threshold=threshold, n_last=1, n_recent=recent,
                                                        n_initial=4), ly, attentions=False))
+
+    # KVzipPress: its reconstruction scoring (`score_kvzip`) and its selection (`compress_post`)
+    # on the stored tensors. The first 128 tokens are the context and the last 32 stand for the
+    # reconstruction tokens (their queries and keys, as if appended to the context's cache);
+    # positions 4..128 are repeated in one chunk or two (4..64, 64..128), the first 4 playing the
+    # chat template's prefix, which is not repeated, and the sinks
+    ctx = 128
+
+    def run_kvzip(cr, layerwise, chunks):
+        press = KVzipPress(compression_ratio=cr, layerwise=layerwise, n_sink=4)
+        press.context_length = ctx
+        press.score_val = torch.zeros(L, 1, HKV, ctx)
+        for ly in layers:
+            cos, sin = ly.pos_emb
+            kwargs = {"position_embeddings": (cos[:, ctx:], sin[:, ctx:])}
+            for start, end in chunks:
+                press.start_idx, press.end_idx = start, end
+                press.score_kvzip(ly.module, ly.hidden[:, ctx:], ly.k.clone(), ly.v.clone(), None, kwargs)
+        model = types.SimpleNamespace(
+            model=types.SimpleNamespace(layers=[types.SimpleNamespace(self_attn=ly.module) for ly in layers]))
+        press.compress_post(model)
+        kept = []
+        for ly in layers:
+            _, heads, seqs = ly.module.masked_key_indices
+            pruned = [set() for _ in range(HKV)]
+            for h, j in zip(heads.tolist(), seqs.tolist()):
+                pruned[h].add(j)
+            del ly.module.masked_key_indices
+            kept.append([sorted(set(range(ctx)) - p) for p in pruned])
+        return kept
+
+    for cr, layerwise, chunks in ((0.5, False, ((4, 128),)), (0.75, False, ((4, 64), (64, 128))),
+                                  (0.5, True, ((4, 64), (64, 128)))):
+        cases.append({"name": f"kvzip_cr{cr}_{'layerwise' if layerwise else 'global'}_chunks{len(chunks)}",
+                      "method": "kvzip",
+                      "params": {"compression_ratio": cr, "layerwise": layerwise, "n_sink": 4, "context": ctx,
+                                 "chunks": [list(c) for c in chunks]},
+                      "kept": run_kvzip(cr, layerwise, chunks)})
 
     # snapkv, the paper's code: window 32, max-pool 7
     for cap in (64, 96):

@@ -56,6 +56,7 @@ fn stats_match_reference(device: Device) {
         leverage: true,
         twins: true,
         tail_queries: 0,
+        reconstruction: false,
     };
     let got = pollster::block_on(layer_stats(
         &tensor(&q, [h, n, d], &device),
@@ -654,4 +655,98 @@ fn recompression_refuses_what_decode_queries_cannot_score() {
         let e = Compression::new(name, "50%", &info).unwrap_err().to_string();
         assert!(e.contains("every") && e.contains("cannot compute"), "{name}: {e}");
     }
+}
+
+/// A copy of a cache that keeps the queries each layer offers (after RoPE).
+struct Recording {
+    cache: kvslice_runtime::KvCache,
+    queries: Vec<Option<Tensor<3>>>,
+}
+
+impl kvslice_cache::KvStore for Recording {
+    fn append(&mut self, layer: usize, k: Tensor<3>, v: Tensor<3>, positions: &[u32]) -> kvslice_cache::Result<()> {
+        self.cache.append(layer, k, v, positions)
+    }
+
+    fn layer(&self, layer: usize) -> kvslice_cache::Result<&kvslice_runtime::LayerKv> {
+        self.cache.layer(layer)
+    }
+
+    fn observe_queries(&mut self, layer: usize, rotated: &Tensor<3>, _raw: &Tensor<3>) -> kvslice_cache::Result<()> {
+        self.queries[layer] = Some(rotated.clone());
+        Ok(())
+    }
+}
+
+/// KVzip's reconstruction pass on the tiny model: the table against the policy crate's f64
+/// reference fed with the queries and keys of the same passes recorded here (three chunks of
+/// a context that starts after two template tokens, each with its instruction, the previous
+/// chunk's last 8 tokens and the turn change); the prompt's cache is left as it was; `kvzip`
+/// then compresses to its budget and keeps its sinks; without the prompt it is refused.
+fn reconstruction_matches_the_reference(device: Device) {
+    use kvslice_runtime::ReconstructionPrompt;
+    let model = tiny(&device);
+    let (layers, hk, n) = (model.config.num_layers, model.config.num_kv_heads, 20);
+    let ids = prompt(n);
+    let rp = ReconstructionPrompt { first: vec![5, 6, 7], next: vec![8, 9], suffix: vec![10], chunk: 8, sinks: 4 };
+    let request = StatsRequest { windows: vec![1], reconstruction: true, ..StatsRequest::default() };
+    let mut prefilled = pollster::block_on(Session::prefill_for(&model, &ids, &request)).unwrap();
+    let before = prefilled.cache.lens_by_layer();
+    pollster::block_on(prefilled.reconstruct(&model, &rp, 2..n)).unwrap();
+    assert_eq!(prefilled.cache.lens_by_layer(), before, "the prompt's cache is untouched");
+    let all: Vec<Vec<Vec<u32>>> = (0..layers).map(|_| vec![(0..n as u32).collect(); hk]).collect();
+    let mut want = vec![vec![0f32; hk * n]; layers];
+    for (start, end, previous) in [(2, 10, None), (10, 18, Some(10)), (18, 20, Some(18))] {
+        let mut tokens = match previous {
+            None => rp.first.clone(),
+            Some(p) => [rp.next.clone(), ids[p - 8..p].to_vec()].concat(),
+        };
+        tokens.extend_from_slice(&rp.suffix);
+        tokens.extend_from_slice(&ids[start..end]);
+        let r = tokens.len();
+        let cache = kvslice_runtime::evict::compress_cache(&prefilled.cache, &all, r, 0).unwrap();
+        let mut rec = Recording { cache, queries: vec![None; layers] };
+        let positions: Vec<u32> = (n as u32..(n + r) as u32).collect();
+        model.forward(&tokens, &positions, &mut rec).unwrap();
+        for (l, table) in want.iter_mut().enumerate() {
+            let q = pollster::block_on(kvslice_runtime::read_f32(rec.queries[l].take().unwrap())).unwrap();
+            let (keys, _) = rec.cache.layers()[l].view();
+            let [_, total, d] = keys.dims();
+            let k = pollster::block_on(kvslice_runtime::read_f32(keys)).unwrap();
+            let dims = Dims { heads: model.config.num_heads, kv_heads: hk, len: total, head_dim: d };
+            let sinks = 4.min(start);
+            let got = reference::reconstruction_scores(dims, &q, &k, r, sinks, start..end).unwrap();
+            let m = end - start;
+            for h in 0..hk {
+                table[h * n + start..h * n + end].copy_from_slice(&got[h * m..(h + 1) * m]);
+            }
+        }
+    }
+    for (l, stats) in prefilled.stats.iter().enumerate() {
+        let got = stats.window(1).unwrap().reconstruction.as_ref().unwrap();
+        close(&format!("reconstruction of layer {l}"), got, &want[l]);
+    }
+    // kvzip at 50%: 10 of 20 per head on average, the 4 sinks in every head
+    let c = compression(&model, "kvzip", "50%");
+    let (_, report) = pollster::block_on(Session::resume(&model, &prefilled, Some(&c), 1)).unwrap();
+    let report = report.unwrap();
+    let kept: usize = report.kept.iter().flatten().map(Vec::len).sum();
+    assert_eq!(kept, 10 * layers * hk);
+    assert!(report.kept.iter().flatten().all(|h| h.starts_with(&[0, 1, 2, 3])));
+    // the generation loop runs the pass itself, given the prompt
+    let Err(err) = generate(&model, &ids, &greedy(2), &c) else { panic!("kvzip without its prompt ran") };
+    assert!(err.to_string().contains("reconstruct"), "{err}");
+    let (_, tokens, report) = generate(&model, &ids, &greedy(2), &c.with_reconstruction(rp)).unwrap();
+    assert_eq!(tokens.len(), 2);
+    assert_eq!(report.kept.iter().flatten().map(Vec::len).sum::<usize>(), 10 * layers * hk);
+}
+
+#[test]
+fn reconstruction_matches_the_reference_on_cpu() {
+    reconstruction_matches_the_reference(cpu());
+}
+
+#[test]
+fn reconstruction_matches_the_reference_on_wgpu() {
+    reconstruction_matches_the_reference(wgpu());
 }

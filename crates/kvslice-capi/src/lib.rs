@@ -278,7 +278,13 @@ pub unsafe extern "C" fn kvslice_session_new(
             (None, None) => None,
             (Some(p), Some(b)) => Some(
                 Compression::new(p, b, &Compression::model_info(&entry.loaded.model))
-                    .map_err(|e| Failure(KvsliceStatus::InvalidArgument, e.to_string()))?,
+                    .map_err(|e| Failure(KvsliceStatus::InvalidArgument, e.to_string()))?
+                    .with_reconstruction(
+                        entry
+                            .loaded
+                            .reconstruction_prompt()
+                            .map_err(|e| Failure(KvsliceStatus::Runtime, e.to_string()))?,
+                    ),
             ),
             _ => return fail(KvsliceStatus::InvalidArgument, "policy and budget go together (both or neither)"),
         };

@@ -197,7 +197,7 @@ pub fn run(args: EvalArgs, verbose: bool) -> Result<()> {
     for (i, unit) in units.iter().enumerate() {
         let t0 = Instant::now();
         let ids = &unit.prefix;
-        let prefilled = pollster::block_on(Session::prefill_for(model, ids, &request))?;
+        let mut prefilled = pollster::block_on(Session::prefill_for(model, ids, &request))?;
         timing.prefill += prefilled.prefill_seconds;
         timing.stats += prefilled.stats_seconds;
         eprintln!(
@@ -213,6 +213,13 @@ pub fn run(args: EvalArgs, verbose: bool) -> Result<()> {
                 n => format!(", then {n} questions"),
             }
         );
+        if request.reconstruction {
+            // KVzip's pass: the whole prefix is the context it repeats
+            let t = Instant::now();
+            pollster::block_on(prefilled.reconstruct(model, &loaded.reconstruction_prompt()?, 0..ids.len()))?;
+            timing.prefill += t.elapsed().as_secs_f64();
+            eprintln!("  context reconstructed in {:.1}s", t.elapsed().as_secs_f64());
+        }
         let mut runs: Vec<Option<&Compression>> = vec![None];
         runs.extend(compressions.iter().map(Some));
         for c in runs {

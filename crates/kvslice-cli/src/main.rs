@@ -249,7 +249,8 @@ fn run(cli: Cli) -> Result<()> {
             let compression = match compression {
                 Some((p, b)) => {
                     let c = Compression::new(&p, &b, &Compression::model_info(&loaded.model))?
-                        .with_kv_dtype(eviction.kv_dtype);
+                        .with_kv_dtype(eviction.kv_dtype)
+                        .with_reconstruction(loaded.reconstruction_prompt()?);
                     Some(if eviction.one_shot { c.one_shot() } else { c })
                 }
                 None => None,

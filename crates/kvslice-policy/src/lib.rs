@@ -39,9 +39,9 @@ pub use registry::{
 };
 pub use scorer::{
     AnDPro, Block, CakeIndicator, ChunkKv, Compactor, CounterCausal, CounterCausalPass, CriticalKv, Cur,
-    ExpectedAttention, H2o, Inertia, Jacap, KeyDiff, Knorm, LagKv, Laziness, Leverage, LeverageScore, NonCausalAttn,
-    Random, Refresh, Rope, Scorer, SimLayer, SimLayerBudget, SnapKv, Span, StreamingLlm, Temporal, Tova, TwinKv,
-    TwinRepair,
+    ExpectedAttention, H2o, Inertia, Jacap, KeyDiff, Knorm, Kvzip, LagKv, Laziness, Leverage, LeverageScore,
+    NonCausalAttn, Random, Refresh, Rope, Scorer, SimLayer, SimLayerBudget, SnapKv, Span, StreamingLlm, Temporal, Tova,
+    TwinKv, TwinRepair,
 };
 pub use select::{Protect, select_heads, select_top_k};
 pub use stats::{

@@ -276,3 +276,63 @@ pub fn value_proj_l1(dims: Dims, v: &[f32], w_o: &[f32], hidden: usize) -> Resul
     }
     Ok(out)
 }
+
+/// KVzip's context-reconstruction importance (Kim et al. 2025, arXiv:2505.23416; kvpress's
+/// `KVzipPress.score_kvzip`) of the context keys in `range`. `k` holds the cache after the `r`
+/// reconstruction tokens were appended to the `n` context keys (`[H_kv, n + r, d]`, `dims.len`
+/// is `n + r`), and `q` their queries (`[H, r, d]`, after RoPE). Each query's softmax
+/// (logits scaled by `1/√d`) runs over the first `min(sinks, range.start)` keys, the keys of
+/// `range`, and the reconstruction keys up to its own; key `j ∈ range` scores the highest
+/// weight on it over the `r` queries and the query heads of its KV head. Returns
+/// `[H_kv, range.len()]`.
+pub fn reconstruction_scores(
+    dims: Dims,
+    q: &[f32],
+    k: &[f32],
+    reconstruction: usize,
+    sinks: usize,
+    range: std::ops::Range<usize>,
+) -> Result<Vec<f32>> {
+    let Dims { heads, kv_heads, len: total, head_dim: d } = dims;
+    let r = reconstruction;
+    if r == 0 || r > total || range.end > total - r || range.start > range.end {
+        return Err(PolicyError::InvalidParameter {
+            method: "kvzip",
+            name: "range",
+            reason: format!("{range:?} and {r} reconstruction tokens do not fit {total} cached keys"),
+        });
+    }
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+        return Err(PolicyError::Grouping { heads, kv_heads });
+    }
+    if k.len() != kv_heads * total * d {
+        return Err(PolicyError::ShapeMismatch { what: "keys", expected: kv_heads * total * d, got: k.len() });
+    }
+    if q.len() != heads * r * d {
+        return Err(PolicyError::ShapeMismatch {
+            what: "reconstruction queries",
+            expected: heads * r * d,
+            got: q.len(),
+        });
+    }
+    let n = total - r;
+    let g = heads / kv_heads;
+    let scale = 1.0 / (d as f64).sqrt();
+    let sink = sinks.min(range.start);
+    let m = range.len();
+    let mut out = vec![0f64; kv_heads * m];
+    for h in 0..heads {
+        let kh = h / g;
+        for i in 0..r {
+            let qi = &q[(h * r + i) * d..(h * r + i + 1) * d];
+            let cols: Vec<usize> = (0..sink).chain(range.clone()).chain(n..=n + i).collect();
+            let logits: Vec<f64> = cols.iter().map(|&j| dot(qi, dims.row(k, kh, j)) * scale).collect();
+            let p = softmax_over(&logits);
+            for (c, &w) in p[sink..sink + m].iter().enumerate() {
+                let o = &mut out[kh * m + c];
+                *o = o.max(w);
+            }
+        }
+    }
+    Ok(out.into_iter().map(|x| x as f32).collect())
+}

@@ -5,7 +5,7 @@
 //! line as `name:key=value,…` ([`build_spec`]) and checked against what the entry declares
 //! ([`Entry::options`]).
 
-use crate::alloc::{AdaKv, AdaMode, Allocator, Cake, LayerScores, PyramidKv, Uniform};
+use crate::alloc::{AdaKv, AdaMode, Allocator, Cake, Global, LayerScores, PyramidKv, Uniform};
 use crate::budget::{BudgetSpec, ResolvedBudget};
 use crate::decode::{DecodeRule, DecodeSpec};
 use crate::error::{PolicyError, Result};
@@ -15,8 +15,8 @@ use crate::pool::Pooling;
 use crate::scorer::simlayer::{Laziness, SimLayer, SimLayerBudget};
 use crate::scorer::{
     AnDPro, Block, CakeIndicator, ChunkKv, Compactor, CounterCausal, CriticalKv, Cur, ExpectedAttention, H2o, Inertia,
-    Jacap, KeyDiff, Knorm, LagKv, Leverage, LeverageScore, NonCausalAttn, Random, Refresh, Rope, Scorer, SnapKv, Span,
-    StreamingLlm, Temporal, Tova, TwinKv, TwinRepair,
+    Jacap, KeyDiff, Knorm, Kvzip, LagKv, Leverage, LeverageScore, NonCausalAttn, Random, Refresh, Rope, Scorer, SnapKv,
+    Span, StreamingLlm, Temporal, Tova, TwinKv, TwinRepair,
 };
 use crate::select::Protect;
 use crate::stats::{GroupReduce, KvView, Needs, QueryMoments, ScoreInput, Scores, WindowStats};
@@ -810,6 +810,21 @@ static REGISTRY: &[Entry] = &[
         },
     },
     Entry {
+        name: "kvzip",
+        paper: "Kim et al. 2025, KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction (arXiv:2505.23416), kvpress's KVzipPress",
+        summary: "query-agnostic: the attention each key gets while the model repeats the context (one more pass over it), one ranking over every layer and head, 4 sinks",
+        options: || {
+            vec![
+                int("sinks", "4", 0, 65536, "leading tokens always kept"),
+                boolean("layerwise", "false", "rank each layer's heads together instead of every layer at once"),
+            ]
+        },
+        scored: true,
+        build: |o, _| {
+            scored(Kvzip::new(o.get_usize("sinks")?), Global::new(!o.get_bool("layerwise")?), DecodeSpec::Grow)
+        },
+    },
+    Entry {
         name: "random",
         paper: "uniform random eviction, the baseline of kvpress's RandomPress (seeded SplitMix64 draws)",
         summary: "a seeded uniform sample of the tokens",
@@ -1090,6 +1105,7 @@ mod tests {
                 let lazy = Laziness::new(0.9, 4, 1024).unwrap();
                 old(SimLayer::new(Box::new(SnapKv::default()), lazy), SimLayerBudget::new(lazy), None)
             }),
+            ("kvzip", old(Kvzip::default(), Global::new(true), None)),
             ("random", old(Random::default(), Uniform, None)),
             ("chunkkv", old(ChunkKv::new(Box::new(SnapKv::default()), 20).unwrap(), Uniform, None)),
             ("lagkv", old(LagKv::default(), Uniform, None)),

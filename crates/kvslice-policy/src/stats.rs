@@ -65,6 +65,11 @@ pub struct WindowStats {
     pub twin: Option<Vec<f32>>,
     /// `[H_kv, n]`, optional: the position of that most similar key (`u32::MAX` when none).
     pub twin_index: Option<Vec<u32>>,
+    /// `[H_kv, n]`, optional: KVzip's importance from context reconstruction
+    /// ([`crate::scorer::kvzip`], [`crate::reference::reconstruction_scores`]): the highest
+    /// weight any reconstruction query of the KV head's group puts on the key; zero for the
+    /// positions no reconstruction covers.
+    pub reconstruction: Option<Vec<f32>>,
 }
 
 /// The range and chunking of one chunked non-causal attention table: positions
@@ -137,6 +142,8 @@ pub struct Needs {
     pub leverage: bool,
     /// `WindowStats::twin` and `WindowStats::twin_index`.
     pub twins: bool,
+    /// `WindowStats::reconstruction` (a reconstruction pass after the prefill).
+    pub reconstruction: bool,
 }
 
 impl Needs {
@@ -157,6 +164,7 @@ impl Needs {
             jacobian: self.jacobian || o.jacobian,
             leverage: self.leverage || o.leverage,
             twins: self.twins || o.twins,
+            reconstruction: self.reconstruction || o.reconstruction,
         }
     }
 }
@@ -210,7 +218,9 @@ impl WindowStats {
             check_len("non_causal", &t.sums, hn)?;
         }
         let kn = self.kv_heads * self.len;
-        for (what, opt) in [("leverage", &self.leverage), ("twin", &self.twin)] {
+        for (what, opt) in
+            [("leverage", &self.leverage), ("twin", &self.twin), ("reconstruction", &self.reconstruction)]
+        {
             if let Some(v) = opt {
                 check_len(what, v, kn)?;
             }

@@ -6,7 +6,7 @@ mod common;
 
 use common::{Peers, jaccard_distance};
 use kvslice_policy::alloc::{AdaKv, AdaMode, Uniform};
-use kvslice_policy::reference::non_causal_sums_over;
+use kvslice_policy::reference::{non_causal_sums_over, reconstruction_scores};
 use kvslice_policy::{
     BudgetSpec, GroupReduce, KvView, LayerInput, ModelInfo, NonCausalTable, Policy, Pooling, Protect, ScoreInput,
     Scorer, SnapKv, registry, select_heads,
@@ -27,6 +27,18 @@ fn every_registered_policy_plans_valid_kept_sets() {
                 if let Some(spec) = needs.non_causal.filter(|&spec| s.non_causal_for(spec).is_none()) {
                     let sums = non_causal_sums_over(p.dims(), &p.q_rot[l], &p.keys[l], spec).unwrap();
                     s.non_causal.push(NonCausalTable { spec, sums });
+                }
+                if needs.reconstruction {
+                    // the last 32 positions as the reconstruction of the 128 before them
+                    let (n, d, r) = (p.len, p.head_dim, 32);
+                    let q: Vec<f32> =
+                        (0..p.heads).flat_map(|h| p.q_rot[l][(h * n + n - r) * d..(h + 1) * n * d].to_vec()).collect();
+                    let part = reconstruction_scores(p.dims(), &q, &p.keys[l], r, 4, 0..n - r).unwrap();
+                    let mut table = vec![0.0; p.kv_heads * n];
+                    for h in 0..p.kv_heads {
+                        table[h * n..h * n + n - r].copy_from_slice(&part[h * (n - r)..(h + 1) * (n - r)]);
+                    }
+                    s.reconstruction = Some(table);
                 }
                 s
             })
@@ -89,6 +101,7 @@ fn every_registered_policy_plans_valid_kept_sets() {
             || needs.twins
             || needs.leverage
             || needs.non_causal.is_some()
+            || needs.reconstruction
         {
             let mut bare = stats[0].clone();
             bare.accumulated = None;
@@ -98,6 +111,7 @@ fn every_registered_policy_plans_valid_kept_sets() {
             bare.twin = None;
             bare.twin_index = None;
             bare.non_causal.clear();
+            bare.reconstruction = None;
             let only = vec![LayerInput::new(&bare); p.layers];
             assert!(policy.plan(&only, &"50%".parse().unwrap()).is_err(), "{} without its inputs", entry.name);
         }

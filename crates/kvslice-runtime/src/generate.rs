@@ -370,7 +370,17 @@ async fn compressed_prefill<'m>(
         return Ok((session, token, report));
     }
     let request = compression.request(model.config.num_layers);
-    let prefilled = Session::prefill_sampled(model, prompt, &request, sampler).await?;
+    let mut prefilled = Session::prefill_sampled(model, prompt, &request, sampler).await?;
+    if request.reconstruction {
+        let rp = compression.reconstruction().ok_or_else(|| {
+            RuntimeError::Options(format!(
+                "{} scores by reconstructing the context: give the compression its reconstruction prompt \
+                 (Compression::with_reconstruction)",
+                compression.name()
+            ))
+        })?;
+        prefilled.reconstruct(model, rp, 0..prompt.len()).await?;
+    }
     let (session, report) = Session::resume(model, &prefilled, Some(compression), max_new_tokens).await?;
     Ok((session, prefilled.first_token, report.unwrap_or_default()))
 }

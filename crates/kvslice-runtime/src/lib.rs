@@ -25,7 +25,7 @@ mod testing;
 pub use burn::tensor::Device;
 pub use device::{DeviceChoice, DeviceInfo, GraphicsApi, device_info, init_device};
 pub use error::{Result, RuntimeError};
-pub use evict::{Compression, CompressionReport, DecodeEviction, DecodeRule, StatsRequest};
+pub use evict::{Compression, CompressionReport, DecodeEviction, DecodeRule, ReconstructionPrompt, StatsRequest};
 pub use generate::{GenerateOptions, GenerationStats, Generator, TextStream, Token, reusable_prefix};
 pub use host::read_f32;
 pub use kvslice_cache::{CacheGeometry, KvCache, KvDtype, LayerKv};

@@ -62,6 +62,19 @@ impl LoadedModel {
         Ok(self.tokenizer.decode(ids, true)?)
     }
 
+    /// KVzip's reconstruction prompt in this tokenizer (kvpress's wording and chunking; the turn
+    /// change of a model without a chat template).
+    pub fn reconstruction_prompt(&self) -> Result<crate::ReconstructionPrompt> {
+        use crate::evict::reconstruct as r;
+        Ok(crate::ReconstructionPrompt {
+            first: self.tokenizer.encode(r::FIRST, false)?,
+            next: self.tokenizer.encode(r::NEXT, false)?,
+            suffix: self.tokenizer.encode(r::SUFFIX, false)?,
+            chunk: r::CHUNK,
+            sinks: r::SINKS,
+        })
+    }
+
     /// Tokens that end a generation: the config's EOS ids and the tokenizer's.
     pub fn stop_tokens(&self) -> Vec<u32> {
         let mut stop = self.model.config.eos_token_ids.clone();

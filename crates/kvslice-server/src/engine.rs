@@ -242,7 +242,8 @@ impl Engine {
             None => None,
             Some((policy, budget)) => Some(
                 Compression::new(policy, budget, &self.model_info())
-                    .map_err(|e| ApiError::invalid(e.to_string(), Some("kv_policy")))?,
+                    .map_err(|e| ApiError::invalid(e.to_string(), Some("kv_policy")))?
+                    .with_reconstruction(model.reconstruction_prompt().map_err(invalid)?),
             ),
         };
         let sampler = Sampler::new(s.temperature, s.top_p, s.seed).map_err(|e| ApiError::invalid(e, None))?;

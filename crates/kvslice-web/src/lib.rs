@@ -171,7 +171,10 @@ pub async fn generate(
     }
     let compression = match &request.compression {
         Some((policy, budget)) => Some(
-            Compression::new(policy, budget, &Compression::model_info(model)).map_err(|e| e.to_string())?.one_shot(),
+            Compression::new(policy, budget, &Compression::model_info(model))
+                .map_err(|e| e.to_string())?
+                .one_shot()
+                .with_reconstruction(loaded.reconstruction_prompt().map_err(|e| e.to_string())?),
         ),
         None => None,
     };

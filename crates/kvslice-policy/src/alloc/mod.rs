@@ -11,11 +11,13 @@ use crate::stats::{Scores, WindowStats};
 
 pub mod adakv;
 pub mod cake;
+pub mod global;
 pub mod pyramid;
 pub mod uniform;
 
 pub use adakv::{AdaKv, AdaMode};
 pub use cake::{Cake, CakeCascade, adjust_budgets};
+pub use global::Global;
 pub use pyramid::PyramidKv;
 pub use uniform::Uniform;
 

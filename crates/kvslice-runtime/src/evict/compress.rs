@@ -25,6 +25,8 @@ pub struct Compression {
     model: ModelInfo,
     /// How the compressed cache stores its entries.
     kv_dtype: KvDtype,
+    /// KVzip's reconstruction prompt, for policies that score by reconstructing the context.
+    reconstruction: Option<super::ReconstructionPrompt>,
 }
 
 impl Compression {
@@ -51,7 +53,19 @@ impl Compression {
             cascade: true,
             model: *model,
             kv_dtype: KvDtype::F32,
+            reconstruction: None,
         })
+    }
+
+    /// The tokenized prompt that asks the model to repeat its context, for the policies that
+    /// score by reconstruction (`kvzip`; [`crate::LoadedModel::reconstruction_prompt`]).
+    pub fn with_reconstruction(mut self, prompt: super::ReconstructionPrompt) -> Self {
+        self.reconstruction = Some(prompt);
+        self
+    }
+
+    pub fn reconstruction(&self) -> Option<&super::ReconstructionPrompt> {
+        self.reconstruction.as_ref()
     }
 
     /// The same compression done in one shot after the whole prefill, even for CAKE (whose

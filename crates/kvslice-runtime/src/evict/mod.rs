@@ -19,9 +19,11 @@ mod compress;
 mod decode;
 pub mod observe;
 mod recompress;
+pub(crate) mod reconstruct;
 
 pub use compress::{Compression, CompressionReport, compress, compress_cache, value_proj_l1};
 pub use decode::DecodeEviction;
 pub(crate) use decode::EvictingStore;
 pub use kvslice_policy::DecodeRule;
 pub use observe::{HostLayerStats, Observations, StatsRequest};
+pub use reconstruct::ReconstructionPrompt;

@@ -50,6 +50,9 @@ pub struct StatsRequest {
     pub counter_causal_layers: Vec<usize>,
     /// Chunked non-causal column sums, one table per range and chunking.
     pub non_causal: Vec<NonCausalSpec>,
+    /// KVzip's reconstruction scores: not recorded during the prefill but by
+    /// [`crate::Prefilled::reconstruct`] after it, which the caller runs when this is set.
+    pub reconstruction: bool,
     /// Pre-RoPE query moments, skipping this many leading positions.
     pub query_moments_skip: Option<usize>,
     /// Jacap's `‖∂o/∂s‖` weights per window.
@@ -73,6 +76,7 @@ impl StatsRequest {
         self.value_weighted |= needs.value_weighted;
         self.projection |= needs.projection;
         self.accumulated |= needs.accumulated;
+        self.reconstruction |= needs.reconstruction;
         if let Some(spec) = needs.non_causal.filter(|s| !self.non_causal.contains(s)) {
             self.non_causal.push(spec);
         }
@@ -215,6 +219,7 @@ impl Observations {
                     leverage: opt(&w.leverage).await?,
                     twin: twin.clone(),
                     twin_index: twin_index.clone(),
+                    reconstruction: None,
                 });
             }
             if windows.is_empty() {

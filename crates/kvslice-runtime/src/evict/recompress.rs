@@ -37,6 +37,8 @@ pub(crate) fn refusal(policy: &Policy) -> Option<&'static str> {
         Some("counter-causal attention over the whole sequence")
     } else if needs.non_causal.is_some() {
         Some("non-causal attention over the prompt's chunks")
+    } else if needs.reconstruction {
+        Some("the context's reconstruction")
     } else if needs.query_moments {
         Some("the moments of the prompt's queries")
     } else if needs.twins || matches!(policy, Policy::Scored { repair: Some(_), .. }) {
