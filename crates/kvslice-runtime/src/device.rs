@@ -171,7 +171,12 @@ pub async fn init_device(choice: DeviceChoice) -> Result<(Device, DeviceInfo)> {
             },
         )),
         DeviceChoice::Wgpu | DeviceChoice::WgpuApi(_) => {
-            // A wgpu runtime can be registered once per process: later calls reuse it.
+            // A wgpu runtime can be registered once per process: later calls reuse it. Natively,
+            // threads open devices one at a time (two threads racing to register the same
+            // adapter would see the second fail and fall back to probing every API, GL's EGL
+            // included, which is not safe to initialise from two threads at once).
+            #[cfg(not(target_family = "wasm"))]
+            let _one_at_a_time = init_gate().lock().unwrap_or_else(|e| e.into_inner());
             if let Some(found) = opened().lock().ok().and_then(|m| m.iter().find(|(c, _, _, _)| *c == choice).cloned())
             {
                 return Ok((found.1, found.2));
@@ -186,6 +191,10 @@ pub async fn init_device(choice: DeviceChoice) -> Result<(Device, DeviceInfo)> {
                     GraphicsApi::WebGpu => WgpuBackend::WebGpu,
                 });
             }
+            // Natively, driven here so that no `.await` is crossed with the gate held.
+            #[cfg(not(target_family = "wasm"))]
+            let (device, setup) = pollster::block_on(options.init_with_setup_async()).map_err(wgpu_error)?;
+            #[cfg(target_family = "wasm")]
             let (device, setup) = options.init_with_setup_async().await.map_err(wgpu_error)?;
             let info = setup.adapter.get_info();
             let limits = setup.device.limits();
@@ -212,6 +221,13 @@ pub async fn init_device(choice: DeviceChoice) -> Result<(Device, DeviceInfo)> {
 /// The wgpu devices this process opened: the choice, Burn's device, its description and the
 /// wgpu handle (for [`release_gpu_memory`]).
 type Opened = std::sync::Mutex<Vec<(DeviceChoice, Device, DeviceInfo, wgpu::Device)>>;
+
+/// Held while a native thread opens a wgpu device.
+#[cfg(not(target_family = "wasm"))]
+fn init_gate() -> &'static std::sync::Mutex<()> {
+    static GATE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    &GATE
+}
 
 fn opened() -> &'static Opened {
     static OPENED: std::sync::OnceLock<Opened> = std::sync::OnceLock::new();
