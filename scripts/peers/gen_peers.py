@@ -43,6 +43,7 @@ from kvpress import (
     CriticalKVPress,
     CURPress,
     ExpectedAttentionPress,
+    FinchPress,
     KeyDiffPress,
     KnormPress,
     KVzipPress,
@@ -498,6 +499,19 @@ def main():
                           "method": "cake", "params": {"window": 32, "gamma": 200.0, "cache_size": cache_size,
                                                         "tau1": tau1, "tau2": tau2, "cascading": cascading},
                           "kept": kept, "layer_budgets": budgets})
+
+    # Finch: the question is the window (FinchPress finds it from a delimiter token; set directly
+    # here). Key rerotation changes the kept keys' rows, not which rows are kept: it is off so that
+    # the kept positions can be read back from the keys
+    def run_finch(cr, window, normalize):
+        press = FinchPress(compression_ratio=cr, normalize_scores=normalize, rerotate_keys=False)
+        press.window_size = window
+        return lambda ly: run_press(press, ly)
+
+    for cr, window, normalize in ((0.5, 16, True), (0.75, 16, True), (0.75, 24, True), (0.5, 16, False)):
+        per_layer(f"finch_w{window}_cr{cr}{'' if normalize else '_raw'}", "finch",
+                  {"window": window, "normalize": normalize, "compression_ratio": cr},
+                  run_finch(cr, window, normalize))
 
     os.makedirs(OUT, exist_ok=True)
     save_file({"q_pre": q.contiguous(), "keys": k.contiguous(), "values": v.contiguous(), "w_o": w_o.contiguous(),

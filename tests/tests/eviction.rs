@@ -57,6 +57,7 @@ fn stats_match_reference(device: Device) {
         twins: true,
         tail_queries: 0,
         reconstruction: false,
+        position_weighted: true,
     };
     let got = pollster::block_on(layer_stats(
         &tensor(&q, [h, n, d], &device),
@@ -81,6 +82,7 @@ fn stats_match_reference(device: Device) {
         close("counter_causal", s.counter_causal.as_ref().unwrap(), want.counter_causal.as_ref().unwrap());
         close("jacobian", s.jacobian.as_ref().unwrap(), want.jacobian.as_ref().unwrap());
         close("leverage", s.leverage.as_ref().unwrap(), want.leverage.as_ref().unwrap());
+        close("position_weighted", s.position_weighted.as_ref().unwrap(), want.position_weighted.as_ref().unwrap());
         // best twins: the same similarity; the position is the reference's or one whose
         // similarity ties it
         let (sim, index) = (s.twin.as_ref().unwrap(), s.twin_index.as_ref().unwrap());
@@ -184,6 +186,8 @@ fn budget_past_the_prompt_keeps_everything(device: Device) {
         ("snapkv-twin", "100%"),
         ("twinkv", "150"),
         ("inertiakv", "170"),
+        // renumbering a cache that keeps every position moves nothing
+        ("finch", "100%"),
     ] {
         let c = compression(&model, name, budget);
         let (session, got, report) = generate(&model, &ids, &greedy(12), &c).unwrap();
@@ -220,6 +224,58 @@ fn a_prompt_shorter_than_the_window_is_kept_whole() {
         assert_eq!(report.kept_entries, 20 * 3 * 2, "{name}@{budget}");
         assert_eq!(session.position(), 20 + 5);
     }
+}
+
+/// Finch renumbers what it keeps: with a uniform budget every head keeps `N` entries, which
+/// move to positions `0..N`, their keys rotated as if computed there, and decoding goes on at
+/// position `N`. Layer 0's keys depend only on each token and its position, so each KV head's
+/// must equal those of a fresh prefill of the tokens that head kept, in order.
+fn finch_renumbers_the_kept_keys(device: Device) {
+    let model = tiny(&device);
+    let ids = prompt(150);
+    let c = compression(&model, "finch:window=16", "30%");
+    let (session, tokens, report) = generate(&model, &ids, &greedy(4), &c).unwrap();
+    assert_eq!(tokens.len(), 4);
+    let kept = report.kept[0][0].len();
+    assert!(kept < 150 && report.kept.iter().flatten().all(|h| h.len() == kept), "a uniform budget");
+    assert!(report.kept[0][0] != report.kept[0][1], "the heads keep different tokens");
+    assert_eq!(report.renumbered, Some(kept as u32));
+    assert_eq!(session.position(), kept as u32 + 3, "decoding went on after the renumbered entries");
+    let layer = session.cache().layers()[0].clone();
+    let (keys, _) = layer.view();
+    let [kv_heads, rows, d] = keys.dims();
+    let keys = pollster::block_on(kvslice_runtime::read_f32(keys)).unwrap();
+    for h in 0..kv_heads {
+        let want_positions: Vec<u32> = (0..kept as u32 + 3).collect();
+        assert_eq!(layer.head_positions(h), &want_positions[..], "head {h}: positions");
+        let kept_ids: Vec<u32> = report.kept[0][h].iter().map(|&p| ids[p as usize]).collect();
+        let fresh = pollster::block_on(async {
+            let mut s = Session::new(&model, kept)?;
+            s.step(&kept_ids, &mut Sampler::greedy()).await?;
+            let (k, _) = s.cache().layers()[0].view();
+            kvslice_runtime::read_f32(k).await
+        })
+        .unwrap();
+        for s in 0..kept {
+            for i in 0..d {
+                let (got, want) = (keys[(h * rows + s) * d + i], fresh[(h * kept + s) * d + i]);
+                assert!(
+                    (got - want).abs() <= 1e-4 + 1e-4 * want.abs(),
+                    "head {h} slot {s}[{i}]: {got} vs fresh {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn finch_renumbers_the_kept_keys_cpu() {
+    finch_renumbers_the_kept_keys(cpu());
+}
+
+#[test]
+fn finch_renumbers_the_kept_keys_wgpu() {
+    finch_renumbers_the_kept_keys(wgpu());
 }
 
 /// SnapKV at 50% of 150 tokens: 75 per head, the 64-token window among them; storage shrinks to

@@ -134,7 +134,7 @@ pub struct LlamaWeights {
 
 /// Positions and RoPE tables for one forward call.
 struct Rotary {
-    /// `[n, head_dim / 2]` each, broadcast over heads.
+    /// `[1, n, head_dim / 2]` each, broadcast over heads (or one table per head).
     cos: Tensor<3>,
     sin: Tensor<3>,
 }
@@ -236,6 +236,39 @@ impl Llama {
             x = x + layer.mlp.forward(h, self.skinny_rows);
         }
         Ok(self.weights.norm.forward(x))
+    }
+
+    /// Moves cached keys to other positions: each row of `keys` (already rotated for its source
+    /// position) is rotated by `shift` more positions, the same rotation RoPE applies (rotations
+    /// of one pair compose by adding angles), its angles `inv_freq · shift` in f32 as HF
+    /// transformers computes them. Keys renumbered after eviction read as if computed at their
+    /// new positions.
+    ///
+    /// # Shapes
+    /// `keys: [kv_heads, n, head_dim]`, `shift: [kv_heads · n]` → `[kv_heads, n, head_dim]`
+    pub fn shift_keys(&self, keys: Tensor<3>, shift: &[i64]) -> Result<Tensor<3>> {
+        let [kv_heads, n, d] = keys.dims();
+        if d != self.config.head_dim || shift.len() != kv_heads * n {
+            return Err(ModelError::Input(format!(
+                "{} shifts for keys of shape [{kv_heads}, {n}, {d}] (head_dim {})",
+                shift.len(),
+                self.config.head_dim
+            )));
+        }
+        let half = d / 2;
+        let mut cos = Vec::with_capacity(shift.len() * half);
+        let mut sin = Vec::with_capacity(shift.len() * half);
+        for &s in shift {
+            for &f in &self.inv_freq {
+                let angle = (f * s as f32) as f64;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        let table = |v: Vec<f32>| Tensor::<1>::from_data(TensorData::new(v, [kv_heads * n * half]), &keys.device());
+        let rotary =
+            Rotary { cos: table(cos).reshape([kv_heads, n, half]), sin: table(sin).reshape([kv_heads, n, half]) };
+        Ok(rotary.apply(keys))
     }
 
     /// Output logits of the given hidden rows.

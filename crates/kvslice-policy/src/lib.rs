@@ -39,7 +39,7 @@ pub use registry::{
 };
 pub use scorer::{
     AnDPro, Block, CakeIndicator, ChunkKv, Compactor, CounterCausal, CounterCausalPass, CriticalKv, Cur,
-    ExpectedAttention, H2o, Inertia, Jacap, KeyDiff, Knorm, Kvzip, LagKv, Laziness, Leverage, LeverageScore,
+    ExpectedAttention, Finch, H2o, Inertia, Jacap, KeyDiff, Knorm, Kvzip, LagKv, Laziness, Leverage, LeverageScore,
     NonCausalAttn, Random, Refresh, Rope, Scorer, SimLayer, SimLayerBudget, SnapKv, Span, StreamingLlm, Temporal, Tova,
     TwinKv, TwinRepair,
 };

@@ -183,6 +183,7 @@ pub fn window_stats(dims: Dims, q: &[f32], k: &[f32], v: &[f32], window: usize) 
             sums: non_causal_sums(dims, q, k, NON_CAUSAL_CHUNK)?,
         }],
         jacobian: Some(vec![0.0; heads * n]),
+        position_weighted: Some(vec![0.0; heads * n]),
         ..WindowStats::default()
     };
     let vnorm: Vec<f64> =
@@ -215,6 +216,7 @@ pub fn window_stats(dims: Dims, q: &[f32], k: &[f32], v: &[f32], window: usize) 
         for j in 0..n {
             let col: Vec<f64> = (n - w..n).map(|i| a(i, j)).collect();
             let mean = col.iter().sum::<f64>() / w as f64;
+            let weighted = col.iter().zip(n - w..n).map(|(x, p)| x * p as f64).sum::<f64>() / w as f64;
             let var = if w > 1 { col.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (w - 1) as f64 } else { 0.0 };
             let acc: f64 = (0..n).map(|i| a(i, j)).sum();
             s.mean[h * n + j] = mean as f32;
@@ -231,6 +233,9 @@ pub fn window_stats(dims: Dims, q: &[f32], k: &[f32], v: &[f32], window: usize) 
             }
             if let Some(t) = s.jacobian.as_mut() {
                 t[h * n + j] = (jac[j] / w as f64) as f32;
+            }
+            if let Some(t) = s.position_weighted.as_mut() {
+                t[h * n + j] = weighted as f32;
             }
         }
     }

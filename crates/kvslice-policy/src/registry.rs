@@ -14,9 +14,9 @@ use crate::options::{OptionKind, OptionSpec, Options, PolicySpec};
 use crate::pool::Pooling;
 use crate::scorer::simlayer::{Laziness, SimLayer, SimLayerBudget};
 use crate::scorer::{
-    AnDPro, Block, CakeIndicator, ChunkKv, Compactor, CounterCausal, CriticalKv, Cur, ExpectedAttention, H2o, Inertia,
-    Jacap, KeyDiff, Knorm, Kvzip, LagKv, Leverage, LeverageScore, NonCausalAttn, Random, Refresh, Rope, Scorer, SnapKv,
-    Span, StreamingLlm, Temporal, Tova, TwinKv, TwinRepair,
+    AnDPro, Block, CakeIndicator, ChunkKv, Compactor, CounterCausal, CriticalKv, Cur, ExpectedAttention, Finch, H2o,
+    Inertia, Jacap, KeyDiff, Knorm, Kvzip, LagKv, Leverage, LeverageScore, NonCausalAttn, Random, Refresh, Rope,
+    Scorer, SnapKv, Span, StreamingLlm, Temporal, Tova, TwinKv, TwinRepair,
 };
 use crate::select::Protect;
 use crate::stats::{GroupReduce, KvView, Needs, QueryMoments, ScoreInput, Scores, WindowStats};
@@ -134,6 +134,15 @@ impl Policy {
         match self {
             Policy::Scored { allocator, .. } => allocator.cascade(),
             Policy::Ladder(_) => None,
+        }
+    }
+
+    /// Whether the runtime renumbers the kept keys after the selection
+    /// ([`Scorer::rerotates_keys`]).
+    pub fn rerotates_keys(&self) -> bool {
+        match self {
+            Policy::Scored { scorer, .. } => scorer.rerotates_keys(),
+            Policy::Ladder(_) => false,
         }
     }
 
@@ -825,6 +834,29 @@ static REGISTRY: &[Entry] = &[
         },
     },
     Entry {
+        name: "finch",
+        paper: "Corallo & Papotti 2024, FINCH: Prompt-guided Key-Value Cache Compression for Large Language Models (TACL, doi:10.1162/tacl_a_00716), kvpress's FinchPress",
+        summary: "query-aware: SnapKV's window attention with the question as the window, each row weighted by its position; the kept keys renumbered",
+        options: || {
+            vec![
+                int(
+                    "window",
+                    "32",
+                    1,
+                    4096,
+                    "the question's length: the last `window` queries score the prefix and are kept",
+                ),
+                boolean("normalize", "true", "weight each window row by its count of visible keys"),
+                boolean("rerotate", "true", "rotate the kept keys to consecutive positions"),
+            ]
+        },
+        scored: true,
+        build: |o, _| {
+            let f = Finch::new(o.get_usize("window")?, o.get_bool("normalize")?, o.get_bool("rerotate")?)?;
+            scored(f, Uniform, DecodeSpec::Grow)
+        },
+    },
+    Entry {
         name: "random",
         paper: "uniform random eviction, the baseline of kvpress's RandomPress (seeded SplitMix64 draws)",
         summary: "a seeded uniform sample of the tokens",
@@ -1106,6 +1138,7 @@ mod tests {
                 old(SimLayer::new(Box::new(SnapKv::default()), lazy), SimLayerBudget::new(lazy), None)
             }),
             ("kvzip", old(Kvzip::default(), Global::new(true), None)),
+            ("finch", old(Finch::new(32, true, true).unwrap(), Uniform, None)),
             ("random", old(Random::default(), Uniform, None)),
             ("chunkkv", old(ChunkKv::new(Box::new(SnapKv::default()), 20).unwrap(), Uniform, None)),
             ("lagkv", old(LagKv::default(), Uniform, None)),

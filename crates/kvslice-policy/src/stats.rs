@@ -70,6 +70,10 @@ pub struct WindowStats {
     /// weight any reconstruction query of the KV head's group puts on the key; zero for the
     /// positions no reconstruction covers.
     pub reconstruction: Option<Vec<f32>>,
+    /// `[H, n]`, optional: `mean_q p_q · a_qj` over the window queries, each query's weights
+    /// multiplied by its position `p_q = n − w + i` (the number of keys before it: Finch's
+    /// normalisation of a row by its count of non-masked weights, [`crate::scorer::finch`]).
+    pub position_weighted: Option<Vec<f32>>,
 }
 
 /// The range and chunking of one chunked non-causal attention table: positions
@@ -144,6 +148,8 @@ pub struct Needs {
     pub twins: bool,
     /// `WindowStats::reconstruction` (a reconstruction pass after the prefill).
     pub reconstruction: bool,
+    /// `WindowStats::position_weighted`.
+    pub position_weighted: bool,
 }
 
 impl Needs {
@@ -165,6 +171,7 @@ impl Needs {
             leverage: self.leverage || o.leverage,
             twins: self.twins || o.twins,
             reconstruction: self.reconstruction || o.reconstruction,
+            position_weighted: self.position_weighted || o.position_weighted,
         }
     }
 }
@@ -209,6 +216,7 @@ impl WindowStats {
             ("accumulated", &self.accumulated),
             ("counter_causal", &self.counter_causal),
             ("jacobian", &self.jacobian),
+            ("position_weighted", &self.position_weighted),
         ] {
             if let Some(v) = opt {
                 check_len(what, v, hn)?;

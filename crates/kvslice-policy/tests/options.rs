@@ -196,6 +196,7 @@ fn every_entry_declares_the_decode_rule_the_runtime_used_by_name() {
         ("compactor-span", DecodeRule::Grow),
         ("simlayerkv", DecodeRule::Grow),
         ("kvzip", DecodeRule::Grow),
+        ("finch", DecodeRule::Grow),
         ("random", DecodeRule::Grow),
         ("chunkkv", DecodeRule::Grow),
         ("lagkv", DecodeRule::Grow),

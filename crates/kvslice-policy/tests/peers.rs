@@ -9,7 +9,7 @@ use kvslice_policy::alloc::{AdaKv, AdaMode, Allocator, Cake, CakeCascade, Global
 use kvslice_policy::reference::{non_causal_sums, non_causal_sums_over, reconstruction_scores};
 use kvslice_policy::scorer::leverage::leverage_scores;
 use kvslice_policy::{
-    Block, BudgetSpec, CakeIndicator, ChunkKv, Compactor, CriticalKv, Cur, ExpectedAttention, GroupReduce, H2o,
+    Block, BudgetSpec, CakeIndicator, ChunkKv, Compactor, CriticalKv, Cur, ExpectedAttention, Finch, GroupReduce, H2o,
     KeyDiff, Knorm, KvView, Kvzip, LagKv, Laziness, Leverage, NonCausalAttn, NonCausalSpec, NonCausalTable, Pooling,
     Protect, ScoreInput, Scorer, Scores, SimLayer, SimLayerBudget, SnapKv, StreamingLlm, Tova, WindowStats,
     select_heads, select_top_k,
@@ -96,12 +96,18 @@ fn ours(p: &mut Peers, case: &Value, tie_scores: &mut Option<Vec<Scores>>) -> Ke
         | "critical-snapkv"
         | "keydiff"
         | "lagkv"
+        | "finch"
         | "cur" => {
             let b = n_kept(n, f(case, "compression_ratio"));
             let (scorer, window): (Box<dyn Scorer>, usize) = match method {
                 "snapkv" => {
                     let w = u(case, "window");
                     (Box::new(SnapKv::new(w, Pooling::Avg(u(case, "kernel")), GroupReduce::Mean).unwrap()), w)
+                }
+                "finch" => {
+                    let w = u(case, "window");
+                    let normalize = case["params"]["normalize"].as_bool().unwrap();
+                    (Box::new(Finch::new(w, normalize, false).unwrap()), w)
                 }
                 "tova" => (Box::new(Tova), 1),
                 "knorm" => (Box::new(Knorm), 1),

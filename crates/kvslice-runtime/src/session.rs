@@ -164,7 +164,9 @@ impl<'m> Session<'m> {
             Some(c) => {
                 let (cache, eviction, report) =
                     crate::evict::compress(c, &prefilled.stats, &prefilled.cache, model, max_new_tokens).await?;
-                let session = Session::with_eviction(model, cache, n as u32, eviction).with_history(&prefilled.prompt);
+                // a renumbered cache goes on from its own length (and has no history to rewind)
+                let next = report.renumbered.unwrap_or(n as u32);
+                let session = Session::with_eviction(model, cache, next, eviction).with_history(&prefilled.prompt);
                 Ok((session, Some(report)))
             }
         }

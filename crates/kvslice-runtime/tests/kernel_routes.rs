@@ -97,6 +97,7 @@ fn compare(tag: &str, got: &HostLayerStats, want: &HostLayerStats) {
         opt("jacobian", &g.jacobian, &w.jacobian, 1e-3, 1e-4);
         opt("leverage", &g.leverage, &w.leverage, 1e-3, 1e-4);
         opt("accumulated", &g.accumulated, &w.accumulated, 1e-4, 1e-5);
+        opt("position_weighted", &g.position_weighted, &w.position_weighted, 1e-3, 1e-4);
     }
 }
 
@@ -109,6 +110,7 @@ fn window_statistics_kernel_matches_burn_ops() {
         accumulated: true,
         jacobian: true,
         leverage: true,
+        position_weighted: true,
         ..StatsRequest::default()
     };
     let cpu = Device::flex();

@@ -17,6 +17,7 @@ pub mod counter_causal;
 pub mod critical;
 pub mod cur;
 pub mod expected_attention;
+pub mod finch;
 pub mod h2o;
 pub mod inertia;
 pub mod jacap;
@@ -43,6 +44,7 @@ pub use counter_causal::{CounterCausal, CounterCausalPass};
 pub use critical::CriticalKv;
 pub use cur::{Cur, Leverage};
 pub use expected_attention::{ExpectedAttention, Rope};
+pub use finch::Finch;
 pub use h2o::H2o;
 pub use inertia::{Inertia, Refresh, Temporal};
 pub use jacap::Jacap;
@@ -81,6 +83,12 @@ pub trait Scorer: Debug + Send + Sync {
     /// temporal rule. `None` (the default) for prefill-time scorers.
     fn temporal(&self) -> Option<Temporal> {
         None
+    }
+    /// Whether the kept keys are rotated to consecutive positions after the selection (Finch,
+    /// kvpress's key rerotation): each head's kept keys then sit at the positions just before
+    /// the next token's, which follows the longest head directly. `false` by default.
+    fn rerotates_keys(&self) -> bool {
+        false
     }
 }
 

@@ -214,6 +214,7 @@ pub(crate) fn prefill(
         peak_bytes,
         plan_time: Duration::from_secs_f64(spent),
         compact_time: Duration::ZERO,
+        renumbered: None,
     };
     Ok((cache, eviction, hidden, report))
 }

@@ -298,6 +298,9 @@ pub struct CompressionReport {
     /// Reading statistics back and planning; gathering the kept entries.
     pub plan_time: Duration,
     pub compact_time: Duration,
+    /// For policies that renumber what they keep (Finch): the position of the next token, the
+    /// kept entries having moved to the positions just before it.
+    pub renumbered: Option<u32>,
 }
 
 /// Gathers the kept positions of `plan` from `full` into a new cache with room for `extra`
@@ -351,6 +354,7 @@ pub async fn compress(
     let rule = compression.decode_rule(plan.budget.per_layer);
     let (extra, min_capacity) = compression.room(&rule, plan.budget.per_layer, full.max_len(), max_new_tokens);
     let mut cache = compress_cache(full, &plan.kept, extra, min_capacity)?;
+    let renumbered = if compression.policy().rerotates_keys() { Some(renumber(&mut cache, model)?) } else { None };
     cache.convert(compression.kv_dtype)?;
     cache_sync(&cache)?;
     let t2 = now();
@@ -369,8 +373,37 @@ pub async fn compress(
         peak_bytes: full.storage_bytes() + cache.storage_bytes(),
         plan_time: Duration::from_secs_f64(t1 - t0),
         compact_time: Duration::from_secs_f64(t2 - t1),
+        renumbered,
     };
     Ok((cache, eviction, report))
+}
+
+/// Renumbers a compressed cache as if its entries were a prompt of their own (kvpress's
+/// `KeyRerotationPress`, Finch's `rerotate_keys`): with `N` the most entries any head keeps, the
+/// `s`-th of a head's `len` entries (in source order) moves to position `N − len + s`, its key
+/// rotated by the difference, so that every head's entries end just before position `N`, the
+/// next token's. Heads that keep the same number (a uniform budget) read positions `0..N`, as
+/// kvpress's. Returns `N`. The cache must store f32 (before [`KvCache::convert`]).
+pub fn renumber(cache: &mut KvCache, model: &Llama) -> Result<u32> {
+    let next = cache.max_len();
+    for l in 0..cache.geometry().layers {
+        let layer = cache.layer_mut(l)?;
+        let (capacity, lens) = (layer.capacity(), layer.lens().to_vec());
+        let mut shift = vec![0i64; lens.len() * capacity];
+        let mut positions = Vec::with_capacity(lens.len());
+        for (h, &len) in lens.iter().enumerate() {
+            let new: Vec<u32> = (0..len).map(|s| (next - len + s) as u32).collect();
+            for (s, (&old, &p)) in layer.head_positions(h).iter().zip(&new).enumerate() {
+                shift[h * capacity + s] = p as i64 - old as i64;
+            }
+            positions.push(new);
+        }
+        let (keys, _) =
+            layer.storage_mut().ok_or_else(|| RuntimeError::Options("renumbering needs the cache in f32".into()))?;
+        *keys = model.shift_keys(keys.clone(), &shift)?;
+        layer.set_metadata(lens, positions)?;
+    }
+    Ok(next as u32)
 }
 
 /// A prompt shorter than the policy's observation window is all window, which the policy always
@@ -395,6 +428,7 @@ fn keep_whole(
         peak_bytes: full.storage_bytes() + cache.storage_bytes(),
         plan_time: Duration::ZERO,
         compact_time: Duration::from_secs_f64(now() - t0),
+        renumbered: None,
     };
     Ok((cache, None, report))
 }

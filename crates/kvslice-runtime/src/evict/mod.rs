@@ -21,7 +21,7 @@ pub mod observe;
 mod recompress;
 pub(crate) mod reconstruct;
 
-pub use compress::{Compression, CompressionReport, compress, compress_cache, value_proj_l1};
+pub use compress::{Compression, CompressionReport, compress, compress_cache, renumber, value_proj_l1};
 pub use decode::DecodeEviction;
 pub(crate) use decode::EvictingStore;
 pub use kvslice_policy::DecodeRule;

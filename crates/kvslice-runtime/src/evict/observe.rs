@@ -61,6 +61,8 @@ pub struct StatsRequest {
     pub leverage: bool,
     /// TwinKV's best-twin similarity and position.
     pub twins: bool,
+    /// Finch's position-weighted window means ([`WindowStats::position_weighted`]).
+    pub position_weighted: bool,
     /// The last this many queries of each layer (after RoPE), kept on the device: the first
     /// observation window of decode-time recompression.
     pub tail_queries: usize,
@@ -93,6 +95,7 @@ impl StatsRequest {
         self.jacobian |= needs.jacobian || needs.leverage;
         self.leverage |= needs.leverage;
         self.twins |= needs.twins;
+        self.position_weighted |= needs.position_weighted;
         if (needs.value_weighted || needs.projection || needs.jacobian || needs.leverage) && self.windows.is_empty() {
             self.windows.push(1);
         }
@@ -114,6 +117,8 @@ struct WindowTensors {
     /// `[H, n]` and `[H_kv, n]`.
     jacobian: Option<Tensor<2>>,
     leverage: Option<Tensor<2>>,
+    /// `[H, n]`.
+    position_weighted: Option<Tensor<2>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -217,6 +222,7 @@ impl Observations {
                     non_causal: non_causal.clone(),
                     jacobian: opt(&w.jacobian).await?,
                     leverage: opt(&w.leverage).await?,
+                    position_weighted: opt(&w.position_weighted).await?,
                     twin: twin.clone(),
                     twin_index: twin_index.clone(),
                     reconstruction: None,
@@ -422,6 +428,11 @@ fn kernel_window_tensors(
     let jacobian = request.jacobian || request.leverage;
     let want =
         kvslice_kernels::StatsRequest { value_norm: request.value_weighted, projection: request.projection, jacobian };
+    // the kernel has no position-weighted table: Burn ops add it (one `[H, w, n]` pass)
+    let position_weighted = request.position_weighted.then(|| {
+        let a = softmax(scores(qw.clone(), kv.keys) + mask(n - w, w, n, Direction::Causal, &qw.device()), 2);
+        weight_by_position(a, n)
+    });
     let s = kvslice_kernels::window_stats(&qw, keys, values, n, want)?;
     let leverage = s.jacobian.as_ref().filter(|_| request.leverage).map(|j| leverage(kv.keys, j));
     Ok(WindowTensors {
@@ -434,6 +445,7 @@ fn kernel_window_tensors(
         projection: s.projection,
         jacobian: s.jacobian,
         leverage,
+        position_weighted,
     })
 }
 
@@ -499,6 +511,7 @@ fn window_tensors(
         Tensor::zeros([heads], &device)
     };
     let mean = mean3.reshape([heads, n]);
+    let position_weighted = request.position_weighted.then(|| weight_by_position(a.clone(), n));
     let vh = (value_weighted || projection || jacobian).then(|| per_query_head(values, heads)); // [H, n, d]
     let jac = vh.as_ref().filter(|_| jacobian).map(|v| {
         // ‖v_j − o_q‖² = ‖v_j‖² − 2⟨v_j, o_q⟩ + ‖o_q‖², without a [H, w, n, d] tensor
@@ -520,7 +533,26 @@ fn window_tensors(
         let m = dir.matmul(v.swap_dims(1, 2)); // [H, w, n]: ⟨v_j, ô_i⟩
         (a.clone() * m).mean_dim(1).reshape([heads, n])
     });
-    WindowTensors { window: w, mean, var, last, entropy, value_weighted, projection, jacobian: jac, leverage }
+    WindowTensors {
+        window: w,
+        mean,
+        var,
+        last,
+        entropy,
+        value_weighted,
+        projection,
+        jacobian: jac,
+        leverage,
+        position_weighted,
+    }
+}
+
+/// `[H, n]`: `mean_i p_i a_ij` of window attention `a` (`[H, w, n]`, the queries of the last `w`
+/// of `n` positions), each row weighted by its query's position `p_i = n − w + i`.
+fn weight_by_position(a: Tensor<3>, n: usize) -> Tensor<2> {
+    let [heads, w, _] = a.dims();
+    let p = Tensor::<1, Int>::arange((n - w) as i64..n as i64, &a.device()).float().reshape([1, w, 1]);
+    (a * p).mean_dim(1).reshape([heads, n])
 }
 
 /// Jacap's ridge leverage `[H_kv, n]`: `ℓ_j = w_j k_jᵀ (G + λI)⁻¹ k_j` with `G = Kᵀ diag(w) K`,

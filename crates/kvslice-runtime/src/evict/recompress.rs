@@ -176,6 +176,7 @@ impl Recompressor {
                 projection: needs.projection,
                 jacobian: needs.jacobian || needs.leverage,
                 leverage: needs.leverage,
+                position_weighted: needs.position_weighted,
                 ..StatsRequest::default()
             };
             let stats = decode_window_stats(qw, layer, &request).await?;
