@@ -3,7 +3,8 @@
 
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use kvslice_runtime::dispatch::{self, Dispatches};
 use kvslice_runtime::{Compression, GenerateOptions, Generator, Llama, Sampler, Session, read_f32};
 
 use crate::ModelArgs;
@@ -31,6 +32,59 @@ pub struct BenchArgs {
     /// ...at this budget (e.g. `256` tokens per layer).
     #[arg(long)]
     budget: Option<String>,
+    /// Also write the figures as JSON: the device, the weights' bytes in the file and on the
+    /// device, and a row per measurement with its kernel dispatches per token.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+/// One measurement of the JSON report.
+#[derive(serde::Serialize)]
+struct Row {
+    /// `prefill` or `decode`
+    kind: &'static str,
+    /// The prompt length (prefill) or the cache depth (decode).
+    tokens: usize,
+    ms_per_token: f64,
+    tok_per_s: f64,
+    /// Kernel launches submitted per token (0 on the CPU backend, which launches none).
+    dispatches_per_token: f64,
+    /// The eviction policy a decode row ran after (absent: the full cache).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    policy: Option<String>,
+}
+
+#[derive(serde::Serialize)]
+struct Weights {
+    file_bytes: Option<u64>,
+    device_bytes: u64,
+}
+
+#[derive(serde::Serialize)]
+struct Report {
+    device: String,
+    layers: usize,
+    weights: Weights,
+    rows: Vec<Row>,
+}
+
+/// With `-v`: where one row's dispatches go, per token, by part of the model and kernel (the
+/// layers' share per layer).
+fn breakdown(what: &str, d: &Dispatches, tokens: usize, layers: usize) {
+    let per = |n: u64, by: usize| n as f64 / (tokens * by.max(1)) as f64;
+    eprintln!(
+        "{what}: {:.1} dispatches per token = embed {:.1} + {layers} layers × {:.2} + head {:.1} + other {:.1}",
+        per(d.total(), 1),
+        per(d.in_scope("embed"), 1),
+        per(d.in_scope("layer"), layers),
+        per(d.in_scope("head"), 1),
+        per(d.in_scope(dispatch::OTHER), 1)
+    );
+    for ((scope, kernel), &n) in &d.by_kernel {
+        let by = if scope == "layer" { layers } else { 1 };
+        let unit = if scope == "layer" { "per layer" } else { "" };
+        eprintln!("    {scope:<6} {:>8.2} {unit:<9} {kernel}", per(n, by));
+    }
 }
 
 /// Deterministic pseudo-random token ids in the ordinary-text range of the vocabulary.
@@ -49,6 +103,7 @@ pub fn run(args: BenchArgs, verbose: bool) -> Result<()> {
     let loaded = crate::open(&args.model, verbose)?;
     let model = &loaded.model;
     let vocab = model.config.vocab_size;
+    let layers = model.config.num_layers;
     let repeat = args.repeat.max(1);
     // Warm-up: compile the kernels once.
     {
@@ -56,21 +111,38 @@ pub fn run(args: BenchArgs, verbose: bool) -> Result<()> {
         pollster::block_on(s.next_logits(&tokens(32, vocab, 1)))?;
         pollster::block_on(s.step(&[5], &mut Sampler::greedy()))?;
     }
-    println!("| measurement | tokens | seconds | tok/s |");
-    println!("|---|---|---|---|");
+    let mut rows = Vec::new();
+    println!("| measurement | tokens | seconds | tok/s | dispatches/token |");
+    println!("|---|---|---|---|---|");
     for &n in &args.prefill {
         let mut best = f64::INFINITY;
+        let mut launches = Dispatches::default();
         for r in 0..repeat {
             let ids = tokens(n, vocab, 10 + r as u64);
             let mut s = Session::new(model, n)?;
             let t = Instant::now();
-            pollster::block_on(s.next_logits(&ids))?;
+            let (out, counted) = dispatch::count(|| pollster::block_on(s.next_logits(&ids)));
+            out?;
             best = best.min(t.elapsed().as_secs_f64());
+            launches = counted;
         }
-        println!("| prefill | {n} | {best:.3} | {:.1} |", n as f64 / best);
+        let per_token = launches.total() as f64 / n as f64;
+        println!("| prefill | {n} | {best:.3} | {:.1} | {per_token:.2} |", n as f64 / best);
+        if verbose {
+            breakdown(&format!("prefill {n}"), &launches, n, layers);
+        }
+        rows.push(Row {
+            kind: "prefill",
+            tokens: n,
+            ms_per_token: best * 1e3 / n as f64,
+            tok_per_s: n as f64 / best,
+            dispatches_per_token: per_token,
+            policy: None,
+        });
     }
     for &depth in &args.decode_depth {
         let mut best = f64::INFINITY;
+        let mut launches = Dispatches::default();
         for r in 0..repeat {
             let ids = tokens(depth, vocab, 20 + r as u64);
             let mut s = Session::new(model, depth + args.decode_steps + 1)?;
@@ -79,21 +151,51 @@ pub fn run(args: BenchArgs, verbose: bool) -> Result<()> {
             let steps = tokens(args.decode_steps, vocab, 30);
             let t = Instant::now();
             let mut greedy = Sampler::greedy();
-            for &tok in &steps {
-                pollster::block_on(s.step(&[tok], &mut greedy))?;
-            }
+            let (out, counted) = dispatch::count(|| -> Result<()> {
+                for &tok in &steps {
+                    pollster::block_on(s.step(&[tok], &mut greedy))?;
+                }
+                Ok(())
+            });
+            out?;
             best = best.min(t.elapsed().as_secs_f64());
+            launches = counted;
         }
         let per = best / args.decode_steps as f64;
+        let per_token = launches.total() as f64 / args.decode_steps as f64;
         println!(
-            "| decode at depth {depth} | {} | {best:.3} | {:.1} ({:.1} ms/token) |",
+            "| decode at depth {depth} | {} | {best:.3} | {:.1} ({:.1} ms/token) | {per_token:.2} |",
             args.decode_steps,
             1.0 / per,
             per * 1e3
         );
-        if let Some(budget) = &args.budget {
-            compressed(model, &args.policy, budget, depth, per, &args)?;
+        if verbose {
+            breakdown(&format!("decode at depth {depth}"), &launches, args.decode_steps, layers);
         }
+        rows.push(Row {
+            kind: "decode",
+            tokens: depth,
+            ms_per_token: per * 1e3,
+            tok_per_s: 1.0 / per,
+            dispatches_per_token: per_token,
+            policy: None,
+        });
+        if let Some(budget) = &args.budget {
+            compressed(model, &args.policy, budget, depth, per, &args, &mut rows)?;
+        }
+    }
+    if let Some(path) = &args.json {
+        let device = kvslice_runtime::device_info(model.device())
+            .map(|i| i.to_string())
+            .unwrap_or_else(|| "cpu (burn flex)".to_string());
+        let report = Report {
+            device,
+            layers,
+            weights: Weights { file_bytes: loaded.file_bytes, device_bytes: model.device_bytes() },
+            rows,
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
@@ -109,6 +211,7 @@ fn compressed(
     depth: usize,
     full_per_token: f64,
     args: &BenchArgs,
+    rows: &mut Vec<Row>,
 ) -> Result<()> {
     let vocab = model.config.vocab_size;
     let info = Compression::model_info(model);
@@ -130,7 +233,7 @@ fn compressed(
     drop(s);
     let prefilled = pollster::block_on(Session::prefill_for(model, &ids, &request))?;
     for c in &all {
-        decode_after(model, c, &prefilled, plain, depth, full_per_token, args)?;
+        rows.push(decode_after(model, c, &prefilled, plain, depth, full_per_token, args)?);
     }
     Ok(())
 }
@@ -143,7 +246,7 @@ fn decode_after(
     depth: usize,
     full_per_token: f64,
     args: &BenchArgs,
-) -> Result<()> {
+) -> Result<Row> {
     let options = GenerateOptions::greedy(args.decode_steps + 1, Vec::new());
     let mut generator = pollster::block_on(Generator::resume(model, prefilled, Some(c), options))?;
     let report = generator.report().cloned().unwrap_or_default();
@@ -152,7 +255,8 @@ fn decode_after(
     let (stats_compute, stats_read) = (prefilled.stats_compute_seconds, prefilled.stats_seconds);
     let overhead = stats_compute + stats_read + report.plan_time.as_secs_f64() + report.compact_time.as_secs_f64();
     let t = Instant::now();
-    pollster::block_on(generator.run())?;
+    let (out, launches) = dispatch::count(|| pollster::block_on(generator.run()));
+    out?;
     let per = t.elapsed().as_secs_f64() / args.decode_steps as f64;
     let evictions = match generator.session().eviction() {
         Some(e) if e.recompressions() > 0 => {
@@ -161,8 +265,9 @@ fn decode_after(
         Some(e) => format!(", {} evictions, {} score refreshes", e.evicted, e.refreshes()),
         None => String::new(),
     };
+    let per_token = launches.total() as f64 / args.decode_steps as f64;
     println!(
-        "| decode at depth {depth}, {} | {} | {:.3} | {:.1} ({:.1} ms/token, {:.1}x the full cache{evictions}) |",
+        "| decode at depth {depth}, {} | {} | {:.3} | {:.1} ({:.1} ms/token, {:.1}x the full cache{evictions}) | {per_token:.2} |",
         c.label(),
         args.decode_steps,
         per * args.decode_steps as f64,
@@ -171,7 +276,7 @@ fn decode_after(
         full_per_token / per
     );
     println!(
-        "| eviction share of prefill at {depth} ({}) | {} kept of {} | {:.3} of {:.3} | {:.1}% (statistics {:.3} s, read-back {:.3} s, plan {:.3} s, compaction {:.3} s; KV {:.1} → {:.1} MiB) |",
+        "| eviction share of prefill at {depth} ({}) | {} kept of {} | {:.3} of {:.3} | {:.1}% (statistics {:.3} s, read-back {:.3} s, plan {:.3} s, compaction {:.3} s; KV {:.1} → {:.1} MiB) | |",
         c.label(),
         report.kept_entries,
         depth * model.config.num_layers * model.config.num_kv_heads,
@@ -185,5 +290,12 @@ fn decode_after(
         report.full_bytes as f64 / (1 << 20) as f64,
         report.compressed_bytes as f64 / (1 << 20) as f64
     );
-    Ok(())
+    Ok(Row {
+        kind: "decode",
+        tokens: depth,
+        ms_per_token: per * 1e3,
+        tok_per_s: 1.0 / per,
+        dispatches_per_token: per_token,
+        policy: Some(c.label()),
+    })
 }

@@ -406,3 +406,73 @@ fn ppl_reports_every_run_per_span_and_as_json() {
     assert!(e.contains("context of 512"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn bench_writes_its_figures_and_counts_dispatches() {
+    let model = default_model();
+    let dir = std::env::temp_dir().join(format!("kvslice-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // SmolLM2-135M's parameters on the device, from its config (tied head: the embedding's
+    // transposed copy is a second tensor): per layer q, k, v, o, gate, up, down and two norms
+    let (v, h, layers, inter, kv) = (49152u64, 576u64, 30u64, 1536u64, 192u64);
+    let per_layer = 2 * h * h + 2 * h * kv + 3 * h * inter + 2 * h;
+    let params = 2 * v * h + layers * per_layer + h;
+    assert_eq!(params, 162_826_560);
+    let file_size = std::fs::metadata(&model).unwrap().len();
+    for device in ["cpu", "wgpu"] {
+        let json = dir.join(format!("{device}.json"));
+        let out = kvslice(&[
+            "bench",
+            "--model",
+            &model,
+            "--device",
+            device,
+            "--prefill",
+            "8",
+            "--decode-depth",
+            "4",
+            "--decode-steps",
+            "2",
+            "--json",
+            json.to_str().unwrap(),
+            "-v",
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{device}: {stderr}");
+        let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert!(r["device"].as_str().unwrap().starts_with(device), "{r}");
+        assert_eq!(r["layers"], 30);
+        assert_eq!(r["weights"]["device_bytes"].as_u64(), Some(4 * params), "f32 weights");
+        // the tensors' bytes: the file less its header (metadata and the tokenizer's vocabulary)
+        let file_bytes = r["weights"]["file_bytes"].as_u64().unwrap();
+        assert!(file_bytes < file_size && file_bytes > file_size * 9 / 10, "{file_bytes} of {file_size}");
+        let rows = r["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 2, "{r}");
+        for (row, kind, tokens) in [(&rows[0], "prefill", 8), (&rows[1], "decode", 4)] {
+            assert_eq!((row["kind"].as_str(), row["tokens"].as_u64()), (Some(kind), Some(tokens)), "{row}");
+            let (ms, rate) = (row["ms_per_token"].as_f64().unwrap(), row["tok_per_s"].as_f64().unwrap());
+            assert!(ms > 0.0 && (ms * rate / 1000.0 - 1.0).abs() < 1e-9, "{row}");
+            let dispatches = row["dispatches_per_token"].as_f64().unwrap();
+            if device == "cpu" {
+                assert_eq!(dispatches, 0.0, "the CPU backend launches nothing");
+            } else {
+                assert!(dispatches >= 30.0, "{row}");
+            }
+        }
+        if device == "wgpu" {
+            // every decode step issues the same launches; each layer appends its new key and
+            // value rows once and runs the ragged decode attention as one split and one combine
+            let decode = rows[1]["dispatches_per_token"].as_f64().unwrap();
+            assert_eq!(decode.fract(), 0.0, "{decode}");
+            for kernel in ["wgsl:append/append", "wgsl:decode/part", "wgsl:decode/combine"] {
+                let line = stderr
+                    .lines()
+                    .skip_while(|l| !l.starts_with("decode at depth 4"))
+                    .find(|l| l.ends_with(kernel))
+                    .unwrap_or_else(|| panic!("no {kernel} in {stderr}"));
+                assert!(line.contains("layer      1.00 per layer"), "{line}");
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

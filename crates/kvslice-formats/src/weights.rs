@@ -126,6 +126,17 @@ pub trait WeightSource {
     fn shape(&self, canonical: &str) -> Option<Vec<usize>>;
     /// Read and convert one tensor to f32 in HF layout.
     fn load(&self, canonical: &str) -> Result<Tensor>;
+    /// The bytes one tensor takes in its file, as stored (quantized blocks included); `None`
+    /// where the source has no file behind it.
+    fn stored_bytes(&self, _canonical: &str) -> Option<u64> {
+        None
+    }
+}
+
+/// The bytes the tensors of `source`'s model take in their files (what [`expected_tensors`]
+/// names, each once); `None` if any of them has no stored size.
+pub fn model_file_bytes(source: &dyn WeightSource) -> Option<u64> {
+    expected_tensors(source.config()).map(|e| source.stored_bytes(&e.name)).sum()
 }
 
 fn check_all(cfg: &ModelConfig, shape_of: impl Fn(&str) -> Option<Vec<usize>>) -> Result<()> {
@@ -192,6 +203,10 @@ impl<B: AsRef<[u8]>> WeightSource for GgufWeights<B> {
 
     fn shape(&self, canonical: &str) -> Option<Vec<usize>> {
         self.file.tensor_info(&gguf_name(canonical)?).map(|t| t.shape())
+    }
+
+    fn stored_bytes(&self, canonical: &str) -> Option<u64> {
+        self.file.tensor_info(&gguf_name(canonical)?).map(|t| t.n_bytes)
     }
 
     fn load(&self, canonical: &str) -> Result<Tensor> {
@@ -314,6 +329,10 @@ impl<B: AsRef<[u8]>> WeightSource for SafetensorsWeights<B> {
 
     fn shape(&self, canonical: &str) -> Option<Vec<usize>> {
         self.entries.get(canonical).map(|e| e.shape.clone())
+    }
+
+    fn stored_bytes(&self, canonical: &str) -> Option<u64> {
+        self.entries.get(canonical).map(|e| (e.end - e.start) as u64)
     }
 
     fn load(&self, canonical: &str) -> Result<Tensor> {

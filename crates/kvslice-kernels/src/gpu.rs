@@ -214,11 +214,13 @@ impl Gpu {
         }
         let kernel = WgslKernel { family, entry };
         let cube_dim = CubeDim::new_1d(family.workgroup(entry));
-        self.like.client.launch(
-            Box::new(SourceKernel::new(kernel, cube_dim)),
-            CubeCount::Static(count.0, count.1, count.2),
-            KernelArguments::new().with_buffers(buffers),
-        );
+        crate::dispatch::labelled(family, entry, || {
+            self.like.client.launch(
+                Box::new(SourceKernel::new(kernel, cube_dim)),
+                CubeCount::Static(count.0, count.1, count.2),
+                KernelArguments::new().with_buffers(buffers),
+            )
+        });
     }
 }
 

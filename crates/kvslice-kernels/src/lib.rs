@@ -12,12 +12,14 @@
 //! device (no host round trip). Tensors must belong to Burn's wgpu backend (`Device::wgpu`);
 //! floats are f32. The CPU twins in [`cpu`] define what each kernel computes; [`shader`]
 //! holds the shader table and the naga portability check; [`conformance`] runs every kernel
-//! against its twin on any wgpu device, the browser's included.
+//! against its twin on any wgpu device, the browser's included; [`dispatch`] counts the kernel
+//! launches (Burn's and these) that a stretch of work submits.
 
 mod compact;
 pub mod conformance;
 pub mod cpu;
 mod decode;
+pub mod dispatch;
 mod error;
 mod gpu;
 mod linear;

@@ -196,6 +196,13 @@ impl Llama {
         &self.device
     }
 
+    /// The bytes the weights take on the device (every parameter at its element size; a tied
+    /// model's output head is a second, transposed copy of the embedding).
+    pub fn device_bytes(&self) -> u64 {
+        let element = self.weights.embed_tokens.val().dtype().size() as u64;
+        self.weights.num_params() as u64 * element
+    }
+
     /// Runs `tokens` (at source `positions`) through the decoder, appending their keys and
     /// values to `cache`, and returns the final-normed hidden states.
     ///
@@ -219,6 +226,7 @@ impl Llama {
             TensorData::new(tokens.iter().map(|&t| t as i32).collect::<Vec<_>>(), [n]),
             &self.device,
         );
+        let embed = kvslice_kernels::dispatch::scope("embed");
         let mut x = self.weights.embed_tokens.val().select(0, ids);
 
         let half = self.config.head_dim / 2;
@@ -228,13 +236,16 @@ impl Llama {
             sin: Tensor::<1>::from_data(TensorData::new(sin, [n * half]), &self.device).reshape([1, n, half]),
         };
 
+        drop(embed);
         for (index, layer) in self.weights.layers.iter().enumerate() {
+            let _layer = kvslice_kernels::dispatch::scope("layer");
             let h = layer.input_layernorm.forward(x.clone());
             let attn = self.attention(index, &layer.self_attn, h, &rotary, positions, cache)?;
             x = x + attn;
             let h = layer.post_attention_layernorm.forward(x.clone());
             x = x + layer.mlp.forward(h, self.skinny_rows);
         }
+        let _head = kvslice_kernels::dispatch::scope("head");
         Ok(self.weights.norm.forward(x))
     }
 
@@ -276,6 +287,7 @@ impl Llama {
     /// # Shapes
     /// `hidden: [n, hidden]` → `[n, vocab]`
     pub fn logits(&self, hidden: Tensor<2>) -> Tensor<2> {
+        let _head = kvslice_kernels::dispatch::scope("head");
         let head = Linear { weight: self.weights.lm_head.clone(), bias: None };
         head.forward_on(hidden, self.skinny_rows)
     }

@@ -32,6 +32,8 @@ pub use kvslice_cache::{CacheGeometry, KvCache, KvDtype, LayerKv};
 pub use kvslice_formats::{ChatMessage, ModelConfig, Tokenizer};
 /// Every kernel against its CPU twin on a device: the cross-vendor check.
 pub use kvslice_kernels::conformance;
+/// Kernel launches counted as they are submitted (`kvslice bench`'s dispatches per token).
+pub use kvslice_kernels::dispatch;
 pub use kvslice_model::Llama;
 pub use loading::LoadedModel;
 pub use perplexity::{Perplexity, perplexity};

@@ -10,6 +10,8 @@ use crate::error::Result;
 pub struct LoadedModel {
     pub model: Llama,
     pub tokenizer: Tokenizer,
+    /// The bytes the model's tensors take in their files (`None` for weights with no file).
+    pub file_bytes: Option<u64>,
 }
 
 impl LoadedModel {
@@ -26,7 +28,8 @@ impl LoadedModel {
         if let Some(info) = info {
             model.set_skinny_rows(info.skinny_rows());
         }
-        Ok(Self { model, tokenizer })
+        let file_bytes = kvslice_formats::model_file_bytes(weights);
+        Ok(Self { model, tokenizer, file_bytes })
     }
 
     /// Opens a `.gguf` file or an HF folder (native targets).

@@ -452,9 +452,11 @@ impl<'m> Session<'m> {
     /// logits' sum, in the same read-back: an argmax over NaNs names a token all the same.
     async fn argmax_last(&self, hidden: Tensor<2>) -> Result<u32> {
         let n = hidden.dims()[0];
-        let logits = self.model.logits(hidden.narrow(0, n - 1, 1)); // [1, vocab]
-        let sum = logits.clone().sum();
-        let id = logits.argmax(1).reshape([1]);
+        let (id, sum) = {
+            let _head = kvslice_kernels::dispatch::scope("head");
+            let logits = self.model.logits(hidden.narrow(0, n - 1, 1)); // [1, vocab]
+            (logits.clone().argmax(1).reshape([1]), logits.sum())
+        };
         let data = Transaction::default()
             .register(id)
             .register(sum)

@@ -216,3 +216,38 @@ fn cache_row_writes_stay_in_place_and_leave_clones_alone() {
     assert_eq!(read3(snapshot.layer(0).unwrap().storage().unwrap().0), kept, "the clone keeps its contents");
     assert_ne!(read3(cache.layer(0).unwrap().storage().unwrap().0), kept, "the cache took the rows");
 }
+
+#[test]
+fn dispatches_are_counted_as_they_are_submitted() {
+    use kvslice_runtime::dispatch::{self, OTHER};
+    let device = wgpu();
+    let (kv_heads, d, cap) = (2usize, 64usize, 16usize);
+    let geometry = CacheGeometry { layers: 1, kv_heads, head_dim: d, capacity: cap };
+    let mut cache = KvCache::new(geometry, &device).unwrap();
+    let rows = |seed, n| tensor3(&values(seed, kv_heads * n * d, 1.0), [kv_heads, n, d], &device);
+    cache.append(0, rows(1, 4), rows(2, 4), &[0, 1, 2, 3]).unwrap();
+    // an append into an unshared cache is one launch of the append shader (the rows and
+    // positions are uploads, not dispatches)
+    let (k, v) = (rows(3, 2), rows(4, 2));
+    let ((), counted) = dispatch::count(|| cache.append(0, k, v, &[4, 5]).unwrap());
+    let want = [((OTHER.to_string(), "wgsl:append/append".to_string()), 1)];
+    assert_eq!(counted.by_kernel, want.into_iter().collect());
+    // one element-wise sum is one Burn kernel, counted in the scope that issued it; a count
+    // inside another adds to both
+    let (a, b) = (rows(5, 3), rows(6, 3));
+    let ((sum, inner), outer) = dispatch::count(|| {
+        let _layer = dispatch::scope("layer");
+        dispatch::count(|| a.clone() + b.clone())
+    });
+    assert_eq!((inner.total(), inner.in_scope("layer")), (1, 1), "{inner:?}");
+    assert_eq!(outer, inner);
+    let name = &inner.by_kernel.keys().next().unwrap().1;
+    assert!(name.contains("Binop"), "{name}");
+    let want: Vec<f32> = read3(&a).iter().zip(read3(&b)).map(|(x, y)| x + y).collect();
+    assert_eq!(read3(&sum), want);
+    // the CPU backend launches nothing
+    let cpu = Device::flex();
+    let x = tensor3(&values(7, 8, 1.0), [2, 2, 2], &cpu);
+    let (_, counted) = dispatch::count(|| x.clone() + x.clone());
+    assert_eq!(counted.total(), 0);
+}
