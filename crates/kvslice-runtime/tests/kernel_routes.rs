@@ -197,14 +197,20 @@ fn cache_row_writes_match_burn_ops_bit_for_bit() {
     }
 }
 
-#[test]
-fn cache_row_writes_stay_in_place_and_leave_clones_alone() {
+/// A one-layer wgpu cache (2 KV heads of 64, 16 slots) holding 4 rows, and a maker of more rows.
+fn four_rows_cached() -> (KvCache, impl Fn(u64, usize) -> Tensor<3>) {
     let device = wgpu();
     let (kv_heads, d, cap) = (2usize, 64usize, 16usize);
     let geometry = CacheGeometry { layers: 1, kv_heads, head_dim: d, capacity: cap };
     let mut cache = KvCache::new(geometry, &device).unwrap();
-    let rows = |seed, n| tensor3(&values(seed, kv_heads * n * d, 1.0), [kv_heads, n, d], &device);
+    let rows = move |seed, n| tensor3(&values(seed, kv_heads * n * d, 1.0), [kv_heads, n, d], &device);
     cache.append(0, rows(1, 4), rows(2, 4), &[0, 1, 2, 3]).unwrap();
+    (cache, rows)
+}
+
+#[test]
+fn cache_row_writes_stay_in_place_and_leave_clones_alone() {
+    let (mut cache, rows) = four_rows_cached();
     let before = kvslice_kernels::buffer_id(cache.layer(0).unwrap().storage().unwrap().0).unwrap();
     cache.layer_mut(0).unwrap().write_slots(&[4, 1], rows(3, 1), rows(4, 1), 4).unwrap();
     let after = kvslice_kernels::buffer_id(cache.layer(0).unwrap().storage().unwrap().0).unwrap();
@@ -220,12 +226,7 @@ fn cache_row_writes_stay_in_place_and_leave_clones_alone() {
 #[test]
 fn dispatches_are_counted_as_they_are_submitted() {
     use kvslice_runtime::dispatch::{self, OTHER};
-    let device = wgpu();
-    let (kv_heads, d, cap) = (2usize, 64usize, 16usize);
-    let geometry = CacheGeometry { layers: 1, kv_heads, head_dim: d, capacity: cap };
-    let mut cache = KvCache::new(geometry, &device).unwrap();
-    let rows = |seed, n| tensor3(&values(seed, kv_heads * n * d, 1.0), [kv_heads, n, d], &device);
-    cache.append(0, rows(1, 4), rows(2, 4), &[0, 1, 2, 3]).unwrap();
+    let (mut cache, rows) = four_rows_cached();
     // an append into an unshared cache is one launch of the append shader (the rows and
     // positions are uploads, not dispatches)
     let (k, v) = (rows(3, 2), rows(4, 2));
