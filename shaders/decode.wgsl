@@ -3,7 +3,8 @@
 //   part    — per (query head, partition): running max, denominator and unnormalised output
 //             of its keys (online softmax over tiles); scaled scores kept when weights are asked.
 //   combine — per query head: merges the partitions into the output and the head's max and
-//             denominator.
+//             denominator (skipped when one partition holds every key and no weights are
+//             asked: `part` then writes the output).
 //   weights — per (KV head, slot): the softmax weight averaged over the GQA group, added into
 //             the per-slot running score (in place).
 //
@@ -27,7 +28,7 @@ struct Params {
     parts: u32,
     // keys per partition
     part_len: u32,
-    // bit 0: weights asked
+    // bit 0: weights asked; bit 1: one partition, written out by `part` (no combine)
     flags: u32,
     // per KV head kh: its valid slots len_kh
     lens: array<u32>,
@@ -62,6 +63,8 @@ fn scale() -> f32 { return prm.scale; }
 fn parts() -> u32 { return prm.parts; }
 fn part_len() -> u32 { return prm.part_len; }
 fn want_weights() -> bool { return (prm.flags & 1u) != 0u; }
+// bit 1: the part pass writes the output itself (one partition, no weights)
+fn direct() -> bool { return (prm.flags & 2u) != 0u; }
 fn kv_len(kh: u32) -> u32 { return prm.lens[kh]; }
 
 // The partition bounds control loops that hold barriers; reading them through workgroup memory
@@ -149,6 +152,21 @@ fn {{ entry_part }}(
         workgroupBarrier();
     }
 
+    // One partition and no weights asked: the partial is the answer (combine is skipped; its
+    // arithmetic would give the same bits: exp(0) = 1 and den = l).
+    if direct() {
+        for (var r = 0u; r < DPT; r++) {
+            let c = lid + r * WG;
+            if c < d {
+                var o = 0.0;
+                if l > 0.0 {
+                    o = acc[r] / l;
+                }
+                out[h * d + c] = o;
+            }
+        }
+        return;
+    }
     let base = (h * parts() + p) * (d + 2u);
     if lid == 0u {
         part[base] = m;

@@ -121,6 +121,33 @@ pub async fn run_all(device: &Device) -> Vec<CaseResult> {
             linear_twin(device, n, d_in, d_out, bias, seed)
         );
     }
+    // 5. fused decode-step stages
+    case!("project", "hand-computed", project_hand(device));
+    for &(d_in, d_out, fuse, seed) in &[
+        (576usize, 960usize, Fuse { bias: true, norm: true, residual: false, swiglu: false }, 201u64),
+        (576, 576, Fuse { bias: false, norm: false, residual: true, swiglu: false }, 202),
+        (576, 1536, Fuse { bias: false, norm: true, residual: false, swiglu: true }, 203),
+        (1536, 576, Fuse { bias: false, norm: false, residual: true, swiglu: false }, 204),
+        (33, 37, Fuse { bias: true, norm: true, residual: true, swiglu: false }, 205),
+        (70, 13, Fuse { bias: true, norm: true, residual: false, swiglu: true }, 206),
+    ] {
+        case!(
+            "project",
+            format!("d_in {d_in} d_out {d_out} {fuse:?} seed {seed}"),
+            project_twin(device, d_in, d_out, fuse, seed)
+        );
+    }
+    case!("rope_split", "hand-computed quarter turn", rope_hand(device));
+    for &(heads, kv, d, seed) in &[(9usize, 3usize, 64usize, 211u64), (4, 2, 6, 212), (32, 8, 128, 213)] {
+        case!(
+            "rope_split",
+            format!("heads {heads} kv_heads {kv} d {d} seed {seed}"),
+            rope_twin(device, heads, kv, d, seed)
+        );
+    }
+    for &(rows, width, seed) in &[(1usize, 576usize, 221u64), (3, 37, 222)] {
+        case!("rms_norm", format!("rows {rows} width {width} seed {seed}"), rms_norm_twin(device, rows, width, seed));
+    }
     out
 }
 
@@ -518,6 +545,137 @@ async fn linear_twin(dev: &Device, n: usize, d_in: usize, d_out: usize, with_bia
         }
     }
     Ok(got.len())
+}
+
+/// Which of [`crate::Fusion`]'s stages a [`project_twin`] case turns on.
+#[derive(Debug, Clone, Copy)]
+struct Fuse {
+    bias: bool,
+    norm: bool,
+    residual: bool,
+    swiglu: bool,
+}
+
+async fn project_hand(dev: &Device) -> Check {
+    // x = [1, 1, 1, 1]: mean(x²) = 1, so with ε = 0 the norm is x·g = [1, 2, 3, 4]; W = 1s.
+    let g = f1(vec![1.0, 2.0, 3.0, 4.0], dev);
+    let r = f2(vec![1.0], [1, 1], dev);
+    let fusion = crate::Fusion { norm: Some((&g, 0.0)), residual: Some(&r), swiglu: false };
+    let out = kernel(
+        "project",
+        crate::project(
+            &f2(vec![1.0; 4], [1, 4], dev),
+            &f2(vec![1.0; 4], [4, 1], dev),
+            Some(&f1(vec![0.5], dev)),
+            fusion,
+        ),
+    )?;
+    let mut c = equal("norm, bias, residual", &read(out).await?, &[11.5])?;
+    // silu(2)·3 = 6 / (1 + e⁻²)
+    let fusion = crate::Fusion { swiglu: true, ..Default::default() };
+    let out =
+        kernel("project", crate::project(&f2(vec![1.0], [1, 1], dev), &f2(vec![2.0, 3.0], [1, 2], dev), None, fusion))?;
+    c += close("swiglu", &read(out).await?, &[6.0 / (1.0 + (-2.0f64).exp())], 1e-6, 0.0)?;
+    Ok(c)
+}
+
+/// Tolerance: `1e-5` of each column's magnitude `Σ_k |x̂_k·w_kj| + |b_j|` (`x̂` the normed
+/// input), through SwiGLU's derivative (`|silu'| < 1.1`), plus `1e-5·|y|` for `exp` and the
+/// residual's rounding.
+async fn project_twin(dev: &Device, d_in: usize, d_out: usize, fuse: Fuse, seed: u64) -> Check {
+    let mut rng = Rng::new(seed);
+    let cols = if fuse.swiglu { 2 * d_out } else { d_out };
+    let x = rng.vec(d_in, 1.5);
+    let w = rng.vec(d_in * cols, 0.1);
+    let b = fuse.bias.then(|| rng.vec(cols, 0.5));
+    let g: Option<Vec<f32>> = fuse.norm.then(|| (0..d_in).map(|_| 1.0 + 0.5 * rng.unit()).collect());
+    let r = fuse.residual.then(|| rng.vec(d_out, 3.0));
+    let eps = 1e-5f32;
+    let (gt, rt) = (g.clone().map(|g| f1(g, dev)), r.clone().map(|r| f2(r, [1, d_out], dev)));
+    let fusion = crate::Fusion { norm: gt.as_ref().map(|g| (g, eps)), residual: rt.as_ref(), swiglu: fuse.swiglu };
+    let out = kernel(
+        "project",
+        crate::project(
+            &f2(x.clone(), [1, d_in], dev),
+            &f2(w.clone(), [d_in, cols], dev),
+            b.clone().map(|b| f1(b, dev)).as_ref(),
+            fusion,
+        ),
+    )?;
+    if out.dims() != [1, d_out] {
+        return Err(format!("shape {:?}, want [1, {d_out}]", out.dims()));
+    }
+    let got = read(out).await?;
+    let norm = g.as_deref().map(|g| (g, eps));
+    let want = cpu::project(&x, &w, b.as_deref(), norm, r.as_deref(), fuse.swiglu, d_out);
+    // the pre-activation columns, and their magnitudes
+    let z = cpu::project(&x, &w, b.as_deref(), norm, None, false, cols);
+    let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<f32>>();
+    let (b_abs, g_abs) = (b.as_deref().map(abs), g.as_deref().map(abs));
+    let mag = cpu::project(&abs(&x), &abs(&w), b_abs.as_deref(), g_abs.as_deref().map(|g| (g, eps)), None, false, cols);
+    for (j, (&gv, &wv)) in got.iter().zip(&want).enumerate() {
+        let spread = if fuse.swiglu {
+            let silu = z[j] / (1.0 + (-z[j]).exp());
+            1.1 * z[j + d_out].abs() * mag[j] + silu.abs() * mag[j + d_out]
+        } else {
+            mag[j]
+        };
+        let res = r.as_ref().map_or(0.0, |r| f64::from(r[j].abs()));
+        let bound = 1e-5 * (spread + wv.abs() + res) + 1e-7;
+        let err = (f64::from(gv) - wv).abs();
+        if !matches!(err.partial_cmp(&bound), Some(Ordering::Less | Ordering::Equal)) {
+            return Err(format!("y[{j}] = {gv}, want {wv}, |err| {err:e} > {bound:e}"));
+        }
+    }
+    Ok(got.len())
+}
+
+async fn rope_hand(dev: &Device) -> Check {
+    // a quarter turn (cos 0, sin 1) of q = (1, 0) and k = (0, 1)
+    let row = kernel(
+        "rope_split",
+        crate::rope_split(
+            &f2(vec![1.0, 0.0, 0.0, 1.0, 5.0, 6.0], [1, 6], dev),
+            &f1(vec![0.0], dev),
+            &f1(vec![1.0], dev),
+            1,
+            1,
+            2,
+        ),
+    )?;
+    let mut c = equal("q", &read(row.q).await?, &[0.0, 1.0])?;
+    c += equal("q before RoPE", &read(row.q_raw).await?, &[1.0, 0.0])?;
+    c += equal("k", &read(row.k).await?, &[-1.0, 0.0])?;
+    c += equal("v", &read(row.v).await?, &[5.0, 6.0])?;
+    Ok(c)
+}
+
+async fn rope_twin(dev: &Device, heads: usize, kv_heads: usize, d: usize, seed: u64) -> Check {
+    let mut rng = Rng::new(seed);
+    let width = (heads + 2 * kv_heads) * d;
+    let qkv = rng.vec(width, 2.0);
+    let angles: Vec<f32> = (0..d / 2).map(|_| rng.unit() * 40.0).collect();
+    let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+    let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+    let want = cpu::rope_split(&qkv, &cos, &sin, heads, kv_heads, d);
+    let row = kernel(
+        "rope_split",
+        crate::rope_split(&f2(qkv, [1, width], dev), &f1(cos, dev), &f1(sin, dev), heads, kv_heads, d),
+    )?;
+    let mut c = close("q", &read(row.q).await?, &want.q, 1e-6, 1e-6)?;
+    c += close("q before RoPE", &read(row.q_raw).await?, &want.q_raw, 0.0, 0.0)?;
+    c += close("k", &read(row.k).await?, &want.k, 1e-6, 1e-6)?;
+    c += close("v", &read(row.v).await?, &want.v, 0.0, 0.0)?;
+    Ok(c)
+}
+
+async fn rms_norm_twin(dev: &Device, rows: usize, width: usize, seed: u64) -> Check {
+    let mut rng = Rng::new(seed);
+    let x = rng.vec(rows * width, 4.0);
+    let g: Vec<f32> = (0..width).map(|_| 1.0 + 0.5 * rng.unit()).collect();
+    let want = cpu::rms_norm(&x, &g, 1e-5);
+    let out = kernel("rms_norm", crate::rms_norm(&f2(x, [rows, width], dev), &f1(g, dev), 1e-5))?;
+    close("y", &read(out).await?, &want, 1e-5, 1e-6)
 }
 
 /// [`crate::write_rows`] against the same writes done on the host: one row per head at a

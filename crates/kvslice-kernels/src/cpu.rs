@@ -201,3 +201,92 @@ pub fn linear(x: &[f32], w: &[f32], bias: Option<&[f32]>, n: usize, d_in: usize,
     }
     y
 }
+
+// ---- Kernel 5: fused decode-step stages ----
+
+/// RMSNorm of one row with f64 accumulation: `x_k·g_k / √(mean(x²) + ε)`.
+fn rms_row(x: &[f32], g: &[f32], eps: f32) -> Vec<f64> {
+    let ss: f64 = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    let inv = 1.0 / (ss / x.len() as f64 + f64::from(eps)).sqrt();
+    x.iter().zip(g).map(|(&v, &gk)| f64::from(v) * f64::from(gk) * inv).collect()
+}
+
+/// Twin of [`crate::project`] for one row: `y = epilogue(prologue(x)·W + b)`.
+///
+/// `x`: `[d_in]`; `w`: `[d_in, d_out]`, or `[d_in, 2·d_out]` with `swiglu` (gate columns
+/// first); `bias`: one entry per weight column; `norm`: the RMSNorm weight `[d_in]` and ε;
+/// `residual`: `[d_out]`. Returns `[d_out]`.
+pub fn project(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    norm: Option<(&[f32], f32)>,
+    residual: Option<&[f32]>,
+    swiglu: bool,
+    d_out: usize,
+) -> Vec<f64> {
+    let d_in = x.len();
+    let cols = if swiglu { 2 * d_out } else { d_out };
+    let xin: Vec<f64> = match norm {
+        Some((g, eps)) => rms_row(x, g, eps),
+        None => x.iter().map(|&v| f64::from(v)).collect(),
+    };
+    let mut z: Vec<f64> = match bias {
+        Some(b) => b.iter().map(|&v| f64::from(v)).collect(),
+        None => vec![0.0; cols],
+    };
+    for k in 0..d_in {
+        for (o, &wkj) in z.iter_mut().zip(&w[k * cols..(k + 1) * cols]) {
+            *o += xin[k] * f64::from(wkj);
+        }
+    }
+    let mut y: Vec<f64> =
+        if swiglu { (0..d_out).map(|j| z[j] / (1.0 + (-z[j]).exp()) * z[j + d_out]).collect() } else { z };
+    if let Some(r) = residual {
+        for (o, &rj) in y.iter_mut().zip(r) {
+            *o += f64::from(rj);
+        }
+    }
+    y
+}
+
+/// The outputs of [`rope_split`], f64, row-major: `q` and `q_raw` `[heads, d]`, `k` and `v`
+/// `[kv_heads, d]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostQkv {
+    pub q: Vec<f64>,
+    pub q_raw: Vec<f64>,
+    pub k: Vec<f64>,
+    pub v: Vec<f64>,
+}
+
+/// Twin of [`crate::rope_split`]: splits `q | k | v` (`[(heads + 2·kv_heads)·d]`) and rotates
+/// `q` and `k` by `cos`, `sin` (`[d / 2]`) in the `rotate_half` layout.
+pub fn rope_split(qkv: &[f32], cos: &[f32], sin: &[f32], heads: usize, kv_heads: usize, d: usize) -> HostQkv {
+    let half = d / 2;
+    let rotate = |row: &[f32]| -> Vec<f64> {
+        let mut out = vec![0.0f64; row.len()];
+        for (head, o) in row.chunks(d).zip(out.chunks_mut(d)) {
+            for i in 0..half {
+                let (a, b) = (f64::from(head[i]), f64::from(head[i + half]));
+                let (c, s) = (f64::from(cos[i]), f64::from(sin[i]));
+                o[i] = a * c - b * s;
+                o[i + half] = b * c + a * s;
+            }
+        }
+        out
+    };
+    let (nq, nk) = (heads * d, kv_heads * d);
+    let wide = |s: &[f32]| s.iter().map(|&v| f64::from(v)).collect::<Vec<f64>>();
+    HostQkv {
+        q: rotate(&qkv[..nq]),
+        q_raw: wide(&qkv[..nq]),
+        k: rotate(&qkv[nq..nq + nk]),
+        v: wide(&qkv[nq + nk..nq + 2 * nk]),
+    }
+}
+
+/// Twin of [`crate::rms_norm`]: `x` `[rows, g.len()]` → same shape.
+pub fn rms_norm(x: &[f32], g: &[f32], eps: f32) -> Vec<f64> {
+    x.chunks(g.len()).flat_map(|row| rms_row(row, g, eps)).collect()
+}

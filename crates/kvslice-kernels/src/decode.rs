@@ -3,7 +3,8 @@
 //! One new query per query head; KV head `kh` holds `lens[kh]` valid slots of its capacity.
 //! Keys are stored after RoPE, so slot order is irrelevant. The keys of each head are split
 //! into partitions of 512; each partition runs an online softmax over tiles, and a combine pass
-//! merges the partitions (flash-decoding). When a running score is given, a third pass adds
+//! merges the partitions (flash-decoding); with one partition and no scores asked, the
+//! partition pass writes the output itself (one dispatch). When a running score is given, a third pass adds
 //! each slot's weight, averaged over the GQA group of the slot's KV head, into it in place
 //! (H2O accumulates it over decode steps; TOVA passes a zeroed tensor for the current step).
 //! A head with length 0 outputs zeros.
@@ -78,6 +79,8 @@ pub fn decode_attention(
     let scratch = acc.as_ref().map(|_| g.empty(&[heads, cap], DType::F32));
     let out = g.empty(&[heads, d], DType::F32);
     let scale = 1.0f32 / (d as f32).sqrt();
+    // One partition and no weights: `part` writes the output and `combine` is not launched.
+    let direct = parts == 1 && acc.is_none();
     let params = DecodeParams {
         heads: heads as u32,
         kv_heads: kv_heads as u32,
@@ -86,7 +89,7 @@ pub fn decode_attention(
         scale,
         parts: parts as u32,
         part_len: DECODE_PART_LEN,
-        flags: u32::from(acc.is_some()),
+        flags: u32::from(acc.is_some()) | if direct { 2 } else { 0 },
     };
     let params = g.params(&params, lens);
     let bindings = || {
@@ -102,7 +105,9 @@ pub fn decode_attention(
         ]
     };
     g.launch(Family::Decode, "part", (parts as u32, heads as u32, 1), bindings());
-    g.launch(Family::Decode, "combine", (heads as u32, 1, 1), bindings());
+    if !direct {
+        g.launch(Family::Decode, "combine", (heads as u32, 1, 1), bindings());
+    }
     if acc.is_some() && max_len > 0 {
         g.launch(Family::Decode, "weights", (div_ceil(max_len, DECODE_WG), kv_heads as u32, 1), bindings());
     }

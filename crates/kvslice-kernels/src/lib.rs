@@ -6,6 +6,7 @@
 //! | 2. in-place compaction, append, slot writes | [`compact_in_place_host`], [`append_rows`], [`write_rows`] | `shaders/compact.wgsl`, `shaders/append.wgsl` |
 //! | 3. ragged decode attention | [`decode_attention`] | `shaders/decode.wgsl` |
 //! | 4. skinny projection `x·W + b` | [`linear`] | `shaders/linear.wgsl` |
+//! | 5. fused decode-step stages | [`project`], [`rope_split`], [`rms_norm`] | `shaders/project.wgsl`, `shaders/step.wgsl` |
 //!
 //! Every function validates shapes, lengths, capacities and `head_dim` and returns a
 //! [`KernelError`] before dispatching anything; it then only queues work on the tensors'
@@ -21,6 +22,7 @@ pub mod cpu;
 mod decode;
 pub mod dispatch;
 mod error;
+mod fused;
 mod gpu;
 mod linear;
 mod params;
@@ -30,6 +32,7 @@ mod stats;
 pub use compact::{CacheTensors, append_rows, compact_in_place_host, write_rows};
 pub use decode::decode_attention;
 pub use error::{KernelError, Result};
+pub use fused::{Fusion, QkvRow, project, rms_norm, rope_split};
 pub use gpu::{BufferId, buffer_id, int_buffer_id};
 pub use linear::linear;
 pub use params::{Layout, layout};

@@ -50,7 +50,7 @@ pub(crate) struct DecodeParams {
     pub parts: u32,
     /// Keys per partition.
     pub part_len: u32,
-    /// Bit 0: weights asked.
+    /// Bit 0: weights asked; bit 1: one partition, written out by the partition pass.
     pub flags: u32,
 }
 
@@ -79,6 +79,34 @@ pub(crate) struct LinearParams {
     pub flags: u32,
     /// Workgroups along y.
     pub groups_y: u32,
+}
+
+/// `project.wgsl` (both column types).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub(crate) struct ProjectParams {
+    pub d_in: u32,
+    /// Output column units: `d_out`, or `d_out / 4` for `vec4`.
+    pub cols: u32,
+    /// Units per row of the weight: `cols`, or `2 · cols` with SwiGLU.
+    pub w_stride: u32,
+    /// Bit 0: bias, bit 1: RMSNorm prologue, bit 2: residual, bit 3: SwiGLU.
+    pub flags: u32,
+    /// RMSNorm ε.
+    pub eps: f32,
+}
+
+/// `step.wgsl`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub(crate) struct StepParams {
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    /// `norm`: values per row.
+    pub width: u32,
+    /// `norm`: ε.
+    pub eps: f32,
 }
 
 /// The Rust side of a shader's `Params` struct.
@@ -115,5 +143,7 @@ pub fn layout(family: Family) -> Option<Layout> {
             layout_of!(CompactParams { kv_heads, cap, head_dim, kept_stride, rows_per_chunk }, tail "counts")
         }
         Family::Linear | Family::Linear4 => layout_of!(LinearParams { n, d_in, cols, flags, groups_y }),
+        Family::Project | Family::Project4 => layout_of!(ProjectParams { d_in, cols, w_stride, flags, eps }),
+        Family::Step => layout_of!(StepParams { heads, kv_heads, head_dim, width, eps }),
     })
 }

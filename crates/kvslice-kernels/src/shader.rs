@@ -31,6 +31,8 @@ pub(crate) const APPEND_WG: u32 = 256;
 pub(crate) const DECODE_WG: u32 = 64;
 pub(crate) const DECODE_PART_LEN: u32 = 512;
 pub(crate) const LINEAR_WG: u32 = 64;
+pub(crate) const PROJECT_WG: u32 = 64;
+pub(crate) const STEP_WG: u32 = 64;
 
 /// One WGSL file of `shaders/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -47,12 +49,27 @@ pub enum Family {
     Linear,
     /// `linear.wgsl` with `vec4` columns (`d_out % 4 == 0`): entries `one`, `four`.
     Linear4,
+    /// `project.wgsl` with scalar columns: entry `project`.
+    Project,
+    /// `project.wgsl` with `vec4` columns (`d_out % 4 == 0`): entry `project`.
+    Project4,
+    /// `step.wgsl`: entries `rope`, `norm`.
+    Step,
 }
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 6] =
-        [Family::WindowStats, Family::Compact, Family::Append, Family::Decode, Family::Linear, Family::Linear4];
+    pub const ALL: [Family; 9] = [
+        Family::WindowStats,
+        Family::Compact,
+        Family::Append,
+        Family::Decode,
+        Family::Linear,
+        Family::Linear4,
+        Family::Project,
+        Family::Project4,
+        Family::Step,
+    ];
 
     /// File name under `shaders/`.
     pub fn file_name(self) -> &'static str {
@@ -62,6 +79,8 @@ impl Family {
             Family::Append => "append.wgsl",
             Family::Decode => "decode.wgsl",
             Family::Linear | Family::Linear4 => "linear.wgsl",
+            Family::Project | Family::Project4 => "project.wgsl",
+            Family::Step => "step.wgsl",
         }
     }
 
@@ -73,6 +92,8 @@ impl Family {
             Family::Append => include_str!("../../../shaders/append.wgsl"),
             Family::Decode => include_str!("../../../shaders/decode.wgsl"),
             Family::Linear | Family::Linear4 => include_str!("../../../shaders/linear.wgsl"),
+            Family::Project | Family::Project4 => include_str!("../../../shaders/project.wgsl"),
+            Family::Step => include_str!("../../../shaders/step.wgsl"),
         }
     }
 
@@ -84,6 +105,8 @@ impl Family {
             Family::Append => &["append"],
             Family::Decode => &["part", "combine", "weights"],
             Family::Linear | Family::Linear4 => &["one", "four"],
+            Family::Project | Family::Project4 => &["project"],
+            Family::Step => &["rope", "norm"],
         }
     }
 
@@ -94,6 +117,8 @@ impl Family {
             Family::Append => "append",
             Family::Decode => "decode",
             Family::Linear | Family::Linear4 => "linear",
+            Family::Project | Family::Project4 => "project",
+            Family::Step => "step",
         }
     }
 
@@ -111,14 +136,16 @@ impl Family {
             Family::Append => vec![("wg", APPEND_WG)],
             Family::Decode => vec![("wg", DECODE_WG), ("d_max", d_max)],
             Family::Linear | Family::Linear4 => vec![("wg", LINEAR_WG)],
+            Family::Project | Family::Project4 => vec![("wg", PROJECT_WG)],
+            Family::Step => vec![("wg", STEP_WG)],
         }
     }
 
     /// Type placeholders (`{{ vtype }}` of `linear.wgsl`).
     fn types(self) -> &'static [(&'static str, &'static str)] {
         match self {
-            Family::Linear => &[("vtype", "f32")],
-            Family::Linear4 => &[("vtype", "vec4<f32>")],
+            Family::Linear | Family::Project => &[("vtype", "f32")],
+            Family::Linear4 | Family::Project4 => &[("vtype", "vec4<f32>")],
             _ => &[],
         }
     }
@@ -143,6 +170,8 @@ impl Family {
             (Family::Append, _) => APPEND_WG,
             (Family::Decode, _) => DECODE_WG,
             (Family::Linear | Family::Linear4, _) => LINEAR_WG,
+            (Family::Project | Family::Project4, _) => PROJECT_WG,
+            (Family::Step, _) => STEP_WG,
         }
     }
 }

@@ -106,3 +106,37 @@ fn compaction_refuses_views_and_bad_dtypes() {
     );
     assert!(matches!(err, Err(KernelError::Shape { tensor: "positions", .. })));
 }
+
+#[test]
+fn fused_stages_refuse_bad_shapes() {
+    use kvslice_kernels::{Fusion, project, rms_norm, rope_split};
+    let dev = device();
+    let f1 = |n: usize| Tensor::<1>::from_data(TensorData::new(vec![0.0f32; n], [n]), &dev);
+    let x = f2(vec![0.0; 8], [1, 8], &dev);
+    let w = f2(vec![0.0; 8 * 6], [8, 6], &dev);
+    // two rows: the fused projection is for one decode row
+    let x2 = f2(vec![0.0; 16], [2, 8], &dev);
+    assert!(matches!(project(&x2, &w, None, Fusion::default()), Err(KernelError::Shape { tensor: "x", .. })));
+    // weight rows disagree with x
+    let w7 = f2(vec![0.0; 7 * 6], [7, 6], &dev);
+    assert!(matches!(project(&x, &w7, None, Fusion::default()), Err(KernelError::Shape { tensor: "weight", .. })));
+    // bias, norm weight and residual of the wrong length
+    assert!(matches!(project(&x, &w, Some(&f1(5)), Fusion::default()), Err(KernelError::Shape { tensor: "bias", .. })));
+    let g = f1(7);
+    let fusion = Fusion { norm: Some((&g, 1e-5)), ..Default::default() };
+    assert!(matches!(project(&x, &w, None, fusion), Err(KernelError::Shape { tensor: "norm weight", .. })));
+    // with SwiGLU the output is half the weight's columns: a residual of 6 does not fit
+    let r = f2(vec![0.0; 6], [1, 6], &dev);
+    let fusion = Fusion { residual: Some(&r), swiglu: true, ..Default::default() };
+    assert!(matches!(project(&x, &w, None, fusion), Err(KernelError::Shape { tensor: "residual", .. })));
+    let w5 = f2(vec![0.0; 8 * 5], [8, 5], &dev);
+    let fusion = Fusion { swiglu: true, ..Default::default() };
+    assert!(matches!(project(&x, &w5, None, fusion), Err(KernelError::Shape { tensor: "weight", .. })));
+    // a q|k|v row of the wrong width, tables of the wrong length, bad grouping
+    let qkv = f2(vec![0.0; 4 * 8], [1, 32], &dev);
+    assert!(rope_split(&qkv, &f1(4), &f1(4), 2, 1, 8).is_ok());
+    assert!(matches!(rope_split(&qkv, &f1(4), &f1(4), 3, 1, 8), Err(KernelError::Shape { tensor: "qkv", .. })));
+    assert!(matches!(rope_split(&qkv, &f1(3), &f1(4), 2, 1, 8), Err(KernelError::Shape { tensor: "cos", .. })));
+    assert_eq!(rope_split(&qkv, &f1(4), &f1(4), 3, 2, 4).unwrap_err(), KernelError::Grouping { heads: 3, kv_heads: 2 });
+    assert!(matches!(rms_norm(&x, &f1(7), 1e-5), Err(KernelError::Shape { tensor: "weight", .. })));
+}
