@@ -13,30 +13,73 @@ fn hf_weights(name: &str) -> SafetensorsWeights<Vec<u8>> {
     kvslice_tests::tiny_hf_weights(name)
 }
 
+/// `|Δ| < 2e-4 · max(1, |b|)` over one row of logits; returns the worst relative difference.
+fn compare(got: &[f32], want: &serde_json::Value, vocab: usize, at: &str) -> f32 {
+    let want: Vec<f32> = want.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+    assert_eq!(got.len(), vocab);
+    let mut worst = 0f32;
+    for (j, (a, b)) in got.iter().zip(&want).enumerate() {
+        let d = (a - b).abs();
+        worst = worst.max(d / b.abs().max(1.0));
+        assert!(d < 2e-4 * b.abs().max(1.0), "{at} token {j}: {a} vs {b}");
+    }
+    worst
+}
+
+/// Every sequence as one prompt (every row's logits), then fed token by token: one decode
+/// step per row, which on wgpu runs the fused decode kernels. Both against the same rows of
+/// transformers' logits (a causal model's row `i` depends on tokens `0..=i` only).
 fn check(weights: &dyn WeightSource, sequences: &serde_json::Value, device: &Device, label: &str) {
     let model = load_llama(weights, device).unwrap();
     let vocab = model.config.vocab_size;
     for seq in sequences.as_array().unwrap() {
         let tokens = ids(&seq["token_ids"]);
+        let want = seq["logits"].as_array().unwrap();
+        assert_eq!(want.len(), tokens.len());
         let rows: Vec<usize> = (0..tokens.len()).collect();
         let mut session = Session::new(&model, tokens.len()).unwrap();
         let got = pollster::block_on(session.logits_at(&tokens, &rows)).unwrap();
-        let want = seq["logits"].as_array().unwrap();
         assert_eq!(got.len(), want.len());
         let mut worst = 0f32;
         for (i, (g, w)) in got.iter().zip(want).enumerate() {
-            let w: Vec<f32> = w.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
-            assert_eq!(g.len(), vocab);
-            for (j, (a, b)) in g.iter().zip(&w).enumerate() {
-                let d = (a - b).abs();
-                worst = worst.max(d / b.abs().max(1.0));
-                assert!(d < 2e-4 * b.abs().max(1.0), "{label}: len {} row {i} token {j}: {a} vs {b}", tokens.len());
-            }
+            worst = worst.max(compare(g, w, vocab, &format!("{label}: len {} row {i}", tokens.len())));
         }
         let argmax: Vec<u32> = got.iter().map(|r| kvslice_runtime::sampling::argmax(r)).collect();
         assert_eq!(argmax, ids(&seq["argmax"]), "{label}: argmax");
-        eprintln!("{label}: {} tokens, worst relative Δ {worst:.1e}", tokens.len());
+
+        let mut session = Session::new(&model, tokens.len()).unwrap();
+        let mut worst_step = 0f32;
+        for (i, (&t, w)) in tokens.iter().zip(want).enumerate() {
+            let g = pollster::block_on(session.next_logits(&[t])).unwrap();
+            worst_step = worst_step.max(compare(&g, w, vocab, &format!("{label}: decode step {i}")));
+        }
+        eprintln!(
+            "{label}: {} tokens, worst relative Δ {worst:.1e} as a prompt, {worst_step:.1e} token by token",
+            tokens.len()
+        );
     }
+}
+
+/// A decode step on wgpu is a handful of launches per layer: the normed q|k|v product, the
+/// RoPE split, the cache append, the ragged attention (one pass at this depth), the output
+/// product with its residual, the normed gate|up product with SwiGLU and the down product
+/// with its residual; around the layers, the embedding, the final norm and the output head.
+#[test]
+fn a_decode_step_is_at_most_ten_dispatches_per_layer() {
+    let model = load_llama(&hf_weights("llama"), &wgpu()).unwrap();
+    let layers = model.config.num_layers as u64;
+    let mut session = Session::new(&model, 16).unwrap();
+    pollster::block_on(session.next_logits(&[1, 2, 3])).unwrap();
+    let (logits, counted) = kvslice_runtime::dispatch::count(|| pollster::block_on(session.next_logits(&[4])));
+    assert!(logits.unwrap().iter().all(|x| x.is_finite()));
+    assert!(counted.total() <= 10 * layers + 8, "{} dispatches for {layers} layers: {counted:?}", counted.total());
+    for (kernel, per_layer) in
+        [("wgsl:project/project", 4), ("wgsl:step/rope", 1), ("wgsl:append/append", 1), ("wgsl:decode/part", 1)]
+    {
+        let got = counted.by_kernel.get(&("layer".to_string(), kernel.to_string())).copied().unwrap_or(0);
+        assert_eq!(got, per_layer * layers, "{kernel}: {counted:?}");
+    }
+    assert_eq!(counted.in_scope("layer"), 7 * layers, "{counted:?}");
 }
 
 fn hf_case(name: &str, device: Device) {

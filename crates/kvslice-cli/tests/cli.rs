@@ -460,18 +460,27 @@ fn bench_writes_its_figures_and_counts_dispatches() {
             }
         }
         if device == "wgpu" {
-            // every decode step issues the same launches; each layer appends its new key and
-            // value rows once and runs the ragged decode attention as one split and one combine
+            // every decode step issues the same launches, at most 10 per layer and 8 around
+            // them: each layer runs four fused products, one RoPE split, appends its new key
+            // and value rows once and runs the ragged decode attention as one pass (one
+            // partition at this depth: no combine)
             let decode = rows[1]["dispatches_per_token"].as_f64().unwrap();
             assert_eq!(decode.fract(), 0.0, "{decode}");
-            for kernel in ["wgsl:append/append", "wgsl:decode/part", "wgsl:decode/combine"] {
-                let line = stderr
-                    .lines()
-                    .skip_while(|l| !l.starts_with("decode at depth 4"))
+            assert!(decode <= 10.0 * 30.0 + 8.0, "{decode}");
+            let decode_lines: Vec<&str> = stderr.lines().skip_while(|l| !l.starts_with("decode at depth 4")).collect();
+            for (kernel, per_layer) in [
+                ("wgsl:project/project", "4.00"),
+                ("wgsl:step/rope", "1.00"),
+                ("wgsl:append/append", "1.00"),
+                ("wgsl:decode/part", "1.00"),
+            ] {
+                let line = decode_lines
+                    .iter()
                     .find(|l| l.ends_with(kernel))
                     .unwrap_or_else(|| panic!("no {kernel} in {stderr}"));
-                assert!(line.contains("layer      1.00 per layer"), "{line}");
+                assert!(line.contains(&format!("layer      {per_layer} per layer")), "{line}");
             }
+            assert!(!decode_lines.iter().any(|l| l.ends_with("wgsl:decode/combine")), "{stderr}");
         }
     }
     std::fs::remove_dir_all(&dir).ok();

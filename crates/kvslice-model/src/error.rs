@@ -19,6 +19,9 @@ pub enum ModelError {
     Format(#[from] kvslice_formats::FormatError),
     #[error(transparent)]
     Cache(#[from] kvslice_cache::CacheError),
+    /// A fused decode kernel refused its arguments (they are validated before anything runs).
+    #[error("decode kernel: {0}")]
+    Kernel(#[from] kvslice_kernels::KernelError),
 }
 
 /// Result alias of this crate.

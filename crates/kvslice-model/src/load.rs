@@ -2,8 +2,9 @@
 //! (`model.layers.{i}.self_attn.q_proj.weight`, layout `[out, in]`).
 //!
 //! Weight-name knowledge lives here and in `kvslice_formats`' GGUF name map; nothing else in
-//! the model names a tensor. Weights are uploaded one at a time, so the host never holds more
-//! than one tensor beside the file's own bytes.
+//! the model names a tensor. Weights are uploaded one at a time (the projections a decode step
+//! runs as one product, q|k|v and gate|up, as one tensor each), so the host never holds more
+//! than one such tensor beside the file's own bytes.
 
 use burn::module::Param;
 use burn::tensor::{Device, Tensor, TensorData};
@@ -65,6 +66,33 @@ impl Loader<'_> {
         let bias = if bias { Some(self.vector(&format!("{prefix}.bias"), out)?) } else { None };
         Ok(Linear { weight, bias })
     }
+
+    /// Projections of the same input side by side: `parts` are `(prefix, out)`, each `[out, in]`
+    /// on file; the device holds `[in, Σ out]` with the parts' columns in the given order (and
+    /// their biases, when `bias`, concatenated likewise).
+    fn fused_linear(&mut self, parts: &[(String, usize)], inp: usize, bias: bool) -> Result<Linear> {
+        let total: usize = parts.iter().map(|(_, out)| out).sum();
+        // Stacking `[out_i, in]` rows gives `[Σ out, in]`, whose transpose is the fused weight.
+        let mut rows = Vec::with_capacity(total * inp);
+        for (prefix, out) in parts {
+            rows.extend(self.get(&format!("{prefix}.weight"), &[*out, inp])?.data);
+        }
+        let weight = Param::from_tensor(Tensor::from_data(
+            TensorData::new(transpose(&rows, total, inp), [inp, total]),
+            self.device,
+        ));
+        drop(rows);
+        let bias = if bias {
+            let mut all = Vec::with_capacity(total);
+            for (prefix, out) in parts {
+                all.extend(self.get(&format!("{prefix}.bias"), &[*out])?.data);
+            }
+            Some(Param::from_tensor(Tensor::from_data(TensorData::new(all, [total]), self.device)))
+        } else {
+            None
+        };
+        Ok(Linear { weight, bias })
+    }
 }
 
 fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
@@ -98,18 +126,18 @@ pub fn load_llama(source: &dyn WeightSource, device: &Device) -> Result<Llama> {
     let mut layers = Vec::with_capacity(c.num_layers);
     for i in 0..c.num_layers {
         let p = format!("model.layers.{i}");
+        let (q, kv) = (c.num_heads * d, c.num_kv_heads * d);
+        let qkv = [("q_proj", q), ("k_proj", kv), ("v_proj", kv)].map(|(n, out)| (format!("{p}.self_attn.{n}"), out));
         let self_attn = Attention {
-            q_proj: l.linear(&format!("{p}.self_attn.q_proj"), c.num_heads * d, h, c.attention_bias)?,
-            k_proj: l.linear(&format!("{p}.self_attn.k_proj"), c.num_kv_heads * d, h, c.attention_bias)?,
-            v_proj: l.linear(&format!("{p}.self_attn.v_proj"), c.num_kv_heads * d, h, c.attention_bias)?,
+            qkv_proj: l.fused_linear(&qkv, h, c.attention_bias)?,
             o_proj: l.linear(&format!("{p}.self_attn.o_proj"), h, c.num_heads * d, c.attention_out_bias)?,
             num_heads: c.num_heads,
             num_kv_heads: c.num_kv_heads,
             head_dim: d,
         };
+        let gate_up = ["gate_proj", "up_proj"].map(|n| (format!("{p}.mlp.{n}"), c.intermediate_size));
         let mlp = Mlp {
-            gate_proj: l.linear(&format!("{p}.mlp.gate_proj"), c.intermediate_size, h, c.mlp_bias)?,
-            up_proj: l.linear(&format!("{p}.mlp.up_proj"), c.intermediate_size, h, c.mlp_bias)?,
+            gate_up_proj: l.fused_linear(&gate_up, h, c.mlp_bias)?,
             down_proj: l.linear(&format!("{p}.mlp.down_proj"), h, c.intermediate_size, c.mlp_bias)?,
         };
         layers.push(DecoderLayer {

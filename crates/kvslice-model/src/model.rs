@@ -86,9 +86,9 @@ impl Linear {
 /// Grouped-query self-attention.
 #[derive(Module, Debug)]
 pub struct Attention {
-    pub q_proj: Linear,
-    pub k_proj: Linear,
-    pub v_proj: Linear,
+    /// The query, key and value projections side by side, `[hidden, (heads + 2·kv_heads)·d]`
+    /// (queries first, then keys, then values; the biases likewise): one product per step.
+    pub qkv_proj: Linear,
     pub o_proj: Linear,
     pub num_heads: usize,
     pub num_kv_heads: usize,
@@ -98,8 +98,9 @@ pub struct Attention {
 /// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
 #[derive(Module, Debug)]
 pub struct Mlp {
-    pub gate_proj: Linear,
-    pub up_proj: Linear,
+    /// The gate and up projections side by side, `[hidden, 2·intermediate]` (gate columns
+    /// first; the biases likewise).
+    pub gate_up_proj: Linear,
     pub down_proj: Linear,
 }
 
@@ -107,8 +108,10 @@ impl Mlp {
     /// # Shapes
     /// `x: [n, hidden]` → `[n, hidden]`
     pub fn forward(&self, x: Tensor<2>, skinny_rows: usize) -> Tensor<2> {
-        let gate = silu(self.gate_proj.forward_on(x.clone(), skinny_rows));
-        self.down_proj.forward_on(gate * self.up_proj.forward_on(x, skinny_rows), skinny_rows)
+        let both = self.gate_up_proj.forward_on(x, skinny_rows);
+        let inter = both.dims()[1] / 2;
+        let gate = silu(both.clone().narrow(1, 0, inter));
+        self.down_proj.forward_on(gate * both.narrow(1, inter, inter), skinny_rows)
     }
 }
 
@@ -164,6 +167,8 @@ pub struct Llama {
     kernels: bool,
     /// Projections of up to this many rows use the skinny-product kernel (0 off wgpu).
     skinny_rows: usize,
+    /// Decode steps (one row) run each layer as kvslice's fused kernels (wgpu only).
+    fused_decode: bool,
 }
 
 impl Llama {
@@ -180,7 +185,16 @@ impl Llama {
         let inv_freq = rope::inv_freq(&config);
         let kernels = kvslice_kernels::buffer_id(&weights.lm_head.val()).is_some();
         let skinny_rows = if kernels { SKINNY_ROWS } else { 0 };
-        Ok(Self { config, weights, inv_freq, device, kernels, skinny_rows })
+        let fused_decode = kernels;
+        Ok(Self { config, weights, inv_freq, device, kernels, skinny_rows, fused_decode })
+    }
+
+    /// Whether one-row forwards (decode steps) run on the fused kernels
+    /// ([`kvslice_kernels::project`] and the stages beside it) or as Burn ops; on by default
+    /// on wgpu, and without effect elsewhere. The two compute the same function (the fused
+    /// kernels sum in another order).
+    pub fn set_fused_decode(&mut self, on: bool) {
+        self.fused_decode = on && self.kernels;
     }
 
     /// Projections of up to `rows` rows (at least 1: decode steps) run through the
@@ -237,6 +251,9 @@ impl Llama {
         };
 
         drop(embed);
+        if n == 1 && self.fused_decode {
+            return self.decode_fused(x, positions, cache);
+        }
         for (index, layer) in self.weights.layers.iter().enumerate() {
             let _layer = kvslice_kernels::dispatch::scope("layer");
             let h = layer.input_layernorm.forward(x.clone());
@@ -247,6 +264,49 @@ impl Llama {
         }
         let _head = kvslice_kernels::dispatch::scope("head");
         Ok(self.weights.norm.forward(x))
+    }
+
+    /// One decode row through every layer, each a handful of launches: the normed q|k|v
+    /// product, RoPE splitting it, the cache append, the ragged decode attention, the output
+    /// product with its residual, the normed gate|up product with SwiGLU, the down product with
+    /// its residual; then the final norm.
+    ///
+    /// # Shapes
+    /// `x: [1, hidden]`, `positions: [1]` → `[1, hidden]`
+    fn decode_fused(&self, mut x: Tensor<2>, positions: &[u32], cache: &mut impl KvStore) -> Result<Tensor<2>> {
+        use kvslice_kernels::{Fusion, project, rms_norm, rope_split};
+        let (cos, sin) = rope::tables(&self.inv_freq, positions);
+        let half = cos.len();
+        let cos = Tensor::<1>::from_data(TensorData::new(cos, [half]), &self.device);
+        let sin = Tensor::<1>::from_data(TensorData::new(sin, [half]), &self.device);
+        let bias = |l: &Linear| l.bias.as_ref().map(|b| b.val());
+        for (index, layer) in self.weights.layers.iter().enumerate() {
+            let _layer = kvslice_kernels::dispatch::scope("layer");
+            let attn = &layer.self_attn;
+            let (heads, kv_heads, d) = (attn.num_heads, attn.num_kv_heads, attn.head_dim);
+            let norm = &layer.input_layernorm;
+            let (g, eps) = (norm.weight.val(), norm.eps as f32);
+            let qkv_fusion = Fusion { norm: Some((&g, eps)), ..Default::default() };
+            let qkv = project(&x, &attn.qkv_proj.weight.val(), bias(&attn.qkv_proj).as_ref(), qkv_fusion)?;
+            let row = rope_split(&qkv, &cos, &sin, heads, kv_heads, d)?;
+            let (q, q_raw) = (row.q.reshape([heads, 1, d]), row.q_raw.reshape([heads, 1, d]));
+            cache.append(index, row.k.reshape([kv_heads, 1, d]), row.v.reshape([kv_heads, 1, d]), positions)?;
+            let out = self.attend(index, attn, q.clone(), positions, cache)?;
+            cache.observe_queries(index, &q, &q_raw)?;
+            let o_fusion = Fusion { residual: Some(&x), ..Default::default() };
+            x = project(&out, &attn.o_proj.weight.val(), bias(&attn.o_proj).as_ref(), o_fusion)?;
+
+            let norm = &layer.post_attention_layernorm;
+            let (g, eps) = (norm.weight.val(), norm.eps as f32);
+            let (gate_up, down) = (&layer.mlp.gate_up_proj, &layer.mlp.down_proj);
+            let mlp_fusion = Fusion { norm: Some((&g, eps)), swiglu: true, ..Default::default() };
+            let inner = project(&x, &gate_up.weight.val(), bias(gate_up).as_ref(), mlp_fusion)?;
+            let down_fusion = Fusion { residual: Some(&x), ..Default::default() };
+            x = project(&inner, &down.weight.val(), bias(down).as_ref(), down_fusion)?;
+        }
+        let _head = kvslice_kernels::dispatch::scope("head");
+        let norm = &self.weights.norm;
+        Ok(rms_norm(&x, &norm.weight.val(), norm.eps as f32)?)
     }
 
     /// Moves cached keys to other positions: each row of `keys` (already rotated for its source
@@ -305,15 +365,36 @@ impl Llama {
     ) -> Result<Tensor<2>> {
         let [n, _] = x.dims();
         let (heads, kv_heads, d) = (attn.num_heads, attn.num_kv_heads, attn.head_dim);
-        let group = heads / kv_heads;
-        // [n, heads * d] → [heads, n, d]
-        let split = |t: Tensor<2>, h: usize| t.reshape([n, h, d]).swap_dims(0, 1);
-        let q_raw = split(attn.q_proj.forward_on(x.clone(), self.skinny_rows), heads);
+        // [n, (heads + 2·kv_heads)·d] → [heads | kv_heads, n, d]
+        let qkv = attn.qkv_proj.forward_on(x, self.skinny_rows);
+        let split = |from: usize, h: usize| qkv.clone().narrow(1, from * d, h * d).reshape([n, h, d]).swap_dims(0, 1);
+        let q_raw = split(0, heads);
         let q = rotary.apply(q_raw.clone());
-        let k = rotary.apply(split(attn.k_proj.forward_on(x.clone(), self.skinny_rows), kv_heads));
-        let v = split(attn.v_proj.forward_on(x, self.skinny_rows), kv_heads);
+        let k = rotary.apply(split(heads, kv_heads));
+        let v = split(heads + kv_heads, kv_heads);
         cache.append(layer, k, v, positions)?;
+        let out = self.attend(layer, attn, q.clone(), positions, cache)?;
+        let out = attn.o_proj.forward_on(out, self.skinny_rows);
+        cache.observe_queries(layer, &q, &q_raw)?;
+        Ok(out)
+    }
 
+    /// The attention of queries at `positions` over `layer`'s cache (their own entries already
+    /// appended), before the output projection.
+    ///
+    /// # Shapes
+    /// `q: [heads, n, d]` (rotated) → `[n, heads · d]`
+    fn attend(
+        &self,
+        layer: usize,
+        attn: &Attention,
+        q: Tensor<3>,
+        positions: &[u32],
+        cache: &impl KvStore,
+    ) -> Result<Tensor<2>> {
+        let [_, n, _] = q.dims();
+        let (heads, kv_heads, d) = (attn.num_heads, attn.num_kv_heads, attn.head_dim);
+        let group = heads / kv_heads;
         let stored = cache.layer(layer)?;
         if self.kernels && n == 1 {
             let qp = positions[0];
@@ -323,9 +404,7 @@ impl Llama {
                 // One query per head over each head's own length: the ragged decode kernel.
                 let q1 = q.clone().reshape([heads, d]);
                 if let Ok(out) = kvslice_kernels::decode_attention(&q1, keys, values, &lens, None) {
-                    let out = attn.o_proj.forward_on(out.reshape([1, heads * d]), self.skinny_rows);
-                    cache.observe_queries(layer, &q, &q_raw)?;
-                    return Ok(out);
+                    return Ok(out.reshape([1, heads * d]));
                 }
             }
         }
@@ -364,10 +443,7 @@ impl Llama {
             start += rows;
         }
         let out = if outputs.len() == 1 { outputs.pop().unwrap() } else { Tensor::cat(outputs, 1) };
-        let out = attn.o_proj.forward_on(out.swap_dims(0, 1).reshape([n, heads * d]), self.skinny_rows);
-        // [kv_heads, group, n, d] → [heads, n, d]
-        cache.observe_queries(layer, &q.reshape([heads, n, d]), &q_raw)?;
-        Ok(out)
+        Ok(out.swap_dims(0, 1).reshape([n, heads * d]))
     }
 }
 
