@@ -27,6 +27,6 @@ pub use config::{Architecture, ModelConfig, RopeScaling};
 pub use error::{FormatError, Result};
 pub use tokenizer::{GgufPreTokenizer, HfTokenizerFiles, Tokenizer};
 pub use weights::{
-    EMBED_TOKENS, ExpectedTensor, FINAL_NORM, GgufWeights, LM_HEAD, SafetensorsWeights, Tensor, WeightSource,
-    expected_tensors, gguf_name, layer_tensor, model_file_bytes, safetensors_index_files,
+    BlockFormat, Blocks, EMBED_TOKENS, ExpectedTensor, FINAL_NORM, GgufWeights, LM_HEAD, SafetensorsWeights, Tensor,
+    WeightSource, expected_tensors, gguf_name, layer_tensor, model_file_bytes, safetensors_index_files,
 };

@@ -14,13 +14,51 @@ use safetensors::{Dtype, SafeTensors};
 
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{FormatError, Result};
-use crate::gguf::{GgufFile, unpermute_rope_rows};
+use crate::gguf::{GgmlType, GgufFile, unpermute_rope_rows};
 
 /// A dense f32 tensor, row-major.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tensor {
     pub shape: Vec<usize>,
     pub data: Vec<f32>,
+}
+
+/// The block formats a matrix can keep on the device as stored (see [`WeightSource::load_blocks`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BlockFormat {
+    /// 32 values per 34-byte block: an f16 scale `d`, 32 signed bytes `q`; `x = d·q`.
+    Q8_0,
+    /// 32 values per 18-byte block: an f16 scale `d`, 16 bytes of nibbles (value `j` in the low
+    /// nibble of byte `j`, value `j + 16` in its high nibble); `x = d·(q − 8)`.
+    Q4_0,
+    /// 32 values per 20-byte block: f16 `d` and `m`, then the nibbles as [`BlockFormat::Q4_0`];
+    /// `x = d·q + m`.
+    Q4_1,
+}
+
+impl BlockFormat {
+    /// Values per block.
+    pub const VALUES: usize = 32;
+
+    /// Bytes per block in the file.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            BlockFormat::Q8_0 => 34,
+            BlockFormat::Q4_0 => 18,
+            BlockFormat::Q4_1 => 20,
+        }
+    }
+}
+
+/// A 2-D weight as its file stores it: `rows` rows (HF layout: output features) of `cols`
+/// values each (input features, a multiple of 32), every row `cols / 32` blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocks {
+    pub format: BlockFormat,
+    pub rows: usize,
+    pub cols: usize,
+    /// `rows · cols / 32` blocks, row after row.
+    pub bytes: Vec<u8>,
 }
 
 /// A canonical tensor name with the shape the configuration implies.
@@ -131,6 +169,11 @@ pub trait WeightSource {
     fn stored_bytes(&self, _canonical: &str) -> Option<u64> {
         None
     }
+    /// One 2-D tensor's blocks as stored, rows in HF order, when the file holds it in a
+    /// [`BlockFormat`]; `None` for any other element type (load it with [`WeightSource::load`]).
+    fn load_blocks(&self, _canonical: &str) -> Result<Option<Blocks>> {
+        Ok(None)
+    }
 }
 
 /// The bytes the tensors of `source`'s model take in their files (what [`expected_tensors`]
@@ -209,30 +252,69 @@ impl<B: AsRef<[u8]>> WeightSource for GgufWeights<B> {
         self.file.tensor_info(&gguf_name(canonical)?).map(|t| t.n_bytes)
     }
 
+    fn load_blocks(&self, canonical: &str) -> Result<Option<Blocks>> {
+        let Some(info) = gguf_name(canonical).and_then(|name| self.file.tensor_info(&name)) else {
+            return Err(FormatError::MissingTensor { tensor: canonical.to_string() });
+        };
+        let format = match info.ggml_type {
+            GgmlType::Q8_0 => BlockFormat::Q8_0,
+            GgmlType::Q4_0 => BlockFormat::Q4_0,
+            GgmlType::Q4_1 => BlockFormat::Q4_1,
+            _ => return Ok(None),
+        };
+        let shape = info.shape();
+        let [rows, cols] = shape[..] else { return Ok(None) };
+        let row_bytes = cols / BlockFormat::VALUES * format.block_bytes();
+        let raw = self.file.tensor_bytes(info);
+        if !cols.is_multiple_of(BlockFormat::VALUES) || raw.len() != rows * row_bytes {
+            return Err(FormatError::ShapeMismatch {
+                tensor: canonical.to_string(),
+                expected: vec![rows * row_bytes],
+                got: vec![raw.len()],
+            });
+        }
+        let mut bytes = raw.to_vec();
+        if let Some(n_head) = self.rope_heads(canonical) {
+            // Rows move whole, so the un-permutation works on the blocks as it does on values.
+            let order = unpermute_rope_rows(&(0..rows).map(|r| r as f32).collect::<Vec<_>>(), n_head, 1)?;
+            for (hf_row, &from) in order.iter().enumerate() {
+                let from = from as usize;
+                bytes[hf_row * row_bytes..(hf_row + 1) * row_bytes]
+                    .copy_from_slice(&raw[from * row_bytes..(from + 1) * row_bytes]);
+            }
+        }
+        Ok(Some(Blocks { format, rows, cols, bytes }))
+    }
+
     fn load(&self, canonical: &str) -> Result<Tensor> {
         let name = gguf_name(canonical).ok_or_else(|| FormatError::MissingTensor { tensor: canonical.to_string() })?;
         let info =
             self.file.tensor_info(&name).ok_or_else(|| FormatError::MissingTensor { tensor: canonical.to_string() })?;
         let shape = info.shape();
         let mut data = self.file.tensor_f32(&name)?;
-        // llama.cpp permutes Q/K rows of llama-architecture models for its RoPE layout
-        // (convert_hf_to_gguf.py, LlamaModel.modify_tensors); Qwen2 files are not permuted.
-        if matches!(self.config.architecture, Architecture::Llama | Architecture::Mistral) {
-            let heads = if canonical.ends_with("self_attn.q_proj.weight")
-                || canonical.ends_with("self_attn.q_proj.bias")
-            {
-                Some(self.config.num_attention_heads)
-            } else if canonical.ends_with("self_attn.k_proj.weight") || canonical.ends_with("self_attn.k_proj.bias") {
-                Some(self.config.num_key_value_heads)
-            } else {
-                None
-            };
-            if let Some(n_head) = heads {
-                let cols = if shape.len() == 2 { shape[1] } else { 1 };
-                data = unpermute_rope_rows(&data, n_head, cols)?;
-            }
+        if let Some(n_head) = self.rope_heads(canonical) {
+            let cols = if shape.len() == 2 { shape[1] } else { 1 };
+            data = unpermute_rope_rows(&data, n_head, cols)?;
         }
         Ok(Tensor { shape, data })
+    }
+}
+
+impl<B: AsRef<[u8]>> GgufWeights<B> {
+    /// The head count whose rows the file permuted, for a Q or K weight or bias: llama.cpp
+    /// permutes Q/K rows of llama-architecture models for its RoPE layout
+    /// (convert_hf_to_gguf.py, LlamaModel.modify_tensors); Qwen2 files are not permuted.
+    fn rope_heads(&self, canonical: &str) -> Option<usize> {
+        if !matches!(self.config.architecture, Architecture::Llama | Architecture::Mistral) {
+            return None;
+        }
+        if canonical.ends_with("self_attn.q_proj.weight") || canonical.ends_with("self_attn.q_proj.bias") {
+            Some(self.config.num_attention_heads)
+        } else if canonical.ends_with("self_attn.k_proj.weight") || canonical.ends_with("self_attn.k_proj.bias") {
+            Some(self.config.num_key_value_heads)
+        } else {
+            None
+        }
     }
 }
 
