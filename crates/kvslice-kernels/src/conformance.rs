@@ -11,7 +11,7 @@ use std::cmp::Ordering;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
-use crate::{CacheTensors, StatsRequest, cpu};
+use crate::{CacheTensors, QuantFormat, QuantMatrix, StatsRequest, cpu, dequantize, qproject};
 
 /// Outcome of one case.
 #[derive(Debug, Clone, PartialEq)]
@@ -147,6 +147,33 @@ pub async fn run_all(device: &Device) -> Vec<CaseResult> {
     }
     for &(rows, width, seed) in &[(1usize, 576usize, 221u64), (3, 37, 222)] {
         case!("rms_norm", format!("rows {rows} width {width} seed {seed}"), rms_norm_twin(device, rows, width, seed));
+    }
+    // 6. projections over quantized blocks
+    use crate::QuantFormat::{Q4_0, Q4_1, Q8_0};
+    case!("dequantize", "hand-computed Q8_0 (subnormal scales too), Q4_0, Q4_1 blocks", dequant_hand(device));
+    for &(format, rows, cols, seed) in
+        &[(Q8_0, 7usize, 96usize, 231u64), (Q4_0, 5, 64, 232), (Q4_1, 3, 576, 233), (Q4_1, 1, 32, 234)]
+    {
+        case!(
+            "dequantize",
+            format!("{format:?} rows {rows} cols {cols} seed {seed}"),
+            dequant_twin(device, format, rows, cols, seed)
+        );
+    }
+    case!("qproject", "hand-computed", qproject_hand(device));
+    for &(format, d_in, d_out, fuse, seed) in &[
+        (Q8_0, 576usize, 960usize, Fuse { bias: true, norm: true, residual: false, swiglu: false }, 241u64),
+        (Q4_0, 576, 1536, Fuse { bias: false, norm: true, residual: false, swiglu: true }, 242),
+        (Q4_1, 1536, 576, Fuse { bias: false, norm: false, residual: true, swiglu: false }, 243),
+        (Q4_1, 64, 13, Fuse { bias: true, norm: true, residual: true, swiglu: false }, 244),
+        (Q8_0, 96, 7, Fuse { bias: true, norm: true, residual: false, swiglu: true }, 245),
+        (Q4_0, 32, 1, Fuse { bias: false, norm: false, residual: false, swiglu: false }, 246),
+    ] {
+        case!(
+            "qproject",
+            format!("{format:?} d_in {d_in} d_out {d_out} {fuse:?} seed {seed}"),
+            qproject_twin(device, format, d_in, d_out, fuse, seed)
+        );
     }
     out
 }
@@ -606,21 +633,45 @@ async fn project_twin(dev: &Device, d_in: usize, d_out: usize, fuse: Fuse, seed:
         return Err(format!("shape {:?}, want [1, {d_out}]", out.dims()));
     }
     let got = read(out).await?;
-    let norm = g.as_deref().map(|g| (g, eps));
-    let want = cpu::project(&x, &w, b.as_deref(), norm, r.as_deref(), fuse.swiglu, d_out);
+    let w_abs: Vec<f32> = w.iter().map(|v| v.abs()).collect();
+    let inputs = ProjectInputs { x: &x, w: &w, w_abs: &w_abs, b: b.as_deref(), g: g.as_deref(), eps, r: r.as_deref() };
+    project_check(&got, &inputs, fuse.swiglu, d_out)
+}
+
+/// What a fused projection case ran: `w` is `[d_in, cols]`, `w_abs` the magnitude of each of
+/// its entries' terms as the kernel sums them (`|w|` for an f32 weight).
+struct ProjectInputs<'a> {
+    x: &'a [f32],
+    w: &'a [f32],
+    w_abs: &'a [f32],
+    b: Option<&'a [f32]>,
+    g: Option<&'a [f32]>,
+    eps: f32,
+    r: Option<&'a [f32]>,
+}
+
+/// A fused projection's output `got` against [`cpu::project`], to [`project_twin`]'s tolerance.
+fn project_check(got: &[f32], p: &ProjectInputs<'_>, swiglu: bool, d_out: usize) -> Check {
+    let cols = if swiglu { 2 * d_out } else { d_out };
+    let norm = p.g.map(|g| (g, p.eps));
+    let want = cpu::project(p.x, p.w, p.b, norm, p.r, swiglu, d_out);
     // the pre-activation columns, and their magnitudes
-    let z = cpu::project(&x, &w, b.as_deref(), norm, None, false, cols);
+    let z = cpu::project(p.x, p.w, p.b, norm, None, false, cols);
     let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<f32>>();
-    let (b_abs, g_abs) = (b.as_deref().map(abs), g.as_deref().map(abs));
-    let mag = cpu::project(&abs(&x), &abs(&w), b_abs.as_deref(), g_abs.as_deref().map(|g| (g, eps)), None, false, cols);
+    let (b_abs, g_abs) = (p.b.map(abs), p.g.map(abs));
+    let mag =
+        cpu::project(&abs(p.x), p.w_abs, b_abs.as_deref(), g_abs.as_deref().map(|g| (g, p.eps)), None, false, cols);
+    if got.len() != want.len() {
+        return Err(format!("length {} != {}", got.len(), want.len()));
+    }
     for (j, (&gv, &wv)) in got.iter().zip(&want).enumerate() {
-        let spread = if fuse.swiglu {
+        let spread = if swiglu {
             let silu = z[j] / (1.0 + (-z[j]).exp());
             1.1 * z[j + d_out].abs() * mag[j] + silu.abs() * mag[j + d_out]
         } else {
             mag[j]
         };
-        let res = r.as_ref().map_or(0.0, |r| f64::from(r[j].abs()));
+        let res = p.r.map_or(0.0, |r| f64::from(r[j].abs()));
         let bound = 1e-5 * (spread + wv.abs() + res) + 1e-7;
         let err = (f64::from(gv) - wv).abs();
         if !matches!(err.partial_cmp(&bound), Some(Ordering::Less | Ordering::Equal)) {
@@ -628,6 +679,156 @@ async fn project_twin(dev: &Device, d_in: usize, d_out: usize, fuse: Fuse, seed:
         }
     }
     Ok(got.len())
+}
+
+/// `rows · cols / 32` random blocks of `format` in the file's layout: f16 headers of random
+/// sign, exponent (subnormals included; below 2 in magnitude) and mantissa, random values.
+fn random_blocks(rng: &mut Rng, format: QuantFormat, rows: usize, cols: usize) -> Vec<u8> {
+    let half = |rng: &mut Rng| {
+        let r = rng.next_u64();
+        (((r & 1) << 15) | (((r >> 1) % 16) << 10) | ((r >> 8) & 0x3ff)) as u16
+    };
+    let mut out = Vec::with_capacity(rows * cols / 32 * format.block_bytes());
+    for _ in 0..rows * cols / 32 {
+        out.extend(half(rng).to_le_bytes());
+        if format == QuantFormat::Q4_1 {
+            out.extend(half(rng).to_le_bytes());
+        }
+        let n = if format == QuantFormat::Q8_0 { 32 } else { 16 };
+        out.extend((0..n).map(|_| rng.next_u64() as u8));
+    }
+    out
+}
+
+/// The magnitude of each value's terms as `qproject.wgsl` sums them (`|d|·|q|` for Q8_0,
+/// `|d|·q + 8·|d|` for Q4_0, `|d|·q + |m|` for Q4_1), `[rows, cols]`.
+fn block_magnitudes(format: QuantFormat, bytes: &[u8]) -> Vec<f64> {
+    let mut out = Vec::new();
+    for block in bytes.chunks_exact(format.block_bytes()) {
+        let d = cpu::f16_to_f64(u16::from_le_bytes([block[0], block[1]])).abs();
+        match format {
+            QuantFormat::Q8_0 => out.extend(block[2..].iter().map(|&q| d * f64::from((q as i8).unsigned_abs()))),
+            QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
+                let (m, qs) = match format {
+                    QuantFormat::Q4_1 => (cpu::f16_to_f64(u16::from_le_bytes([block[2], block[3]])).abs(), &block[4..]),
+                    _ => (8.0 * d, &block[2..]),
+                };
+                out.extend(qs.iter().map(|&q| d * f64::from(q & 15) + m));
+                out.extend(qs.iter().map(|&q| d * f64::from(q >> 4) + m));
+            }
+        }
+    }
+    out
+}
+
+fn upload(format: QuantFormat, rows: usize, cols: usize, bytes: &[u8], dev: &Device) -> Result<QuantMatrix, String> {
+    kernel("upload", QuantMatrix::upload(format, rows, cols, bytes, dev))
+}
+
+async fn dequant_hand(dev: &Device) -> Check {
+    // Q8_0, two blocks: d = 0.5 with q = −16..=15, then d = −2⁻²⁴ (the smallest subnormal)
+    // with q = 1..=32
+    let mut bytes = vec![0x00, 0x38];
+    bytes.extend((-16i8..16).map(|q| q as u8));
+    bytes.extend([0x01, 0x80]);
+    bytes.extend(1u8..=32);
+    let mut want: Vec<f32> = (-16..16).map(|q| q as f32 * 0.5).collect();
+    want.extend((1..=32).map(|q| -(q as f32) * 2f32.powi(-24)));
+    let m = upload(QuantFormat::Q8_0, 1, 64, &bytes, dev)?;
+    let mut c = equal("Q8_0", &bits(&read(kernel("dequantize", dequantize(&m, None, false))?).await?), &bits(&want))?;
+    // Q4_0 and Q4_1: byte j holds j in its low nibble and 15 − j in its high one
+    let qs: Vec<u8> = (0u8..16).map(|j| j | ((15 - j) << 4)).collect();
+    let nibbles: Vec<f32> = (0..16).chain((0..16).rev()).map(|q| q as f32).collect();
+    // d = 1: x = q − 8
+    let m = upload(QuantFormat::Q4_0, 1, 32, &[&[0x00, 0x3c][..], &qs].concat(), dev)?;
+    let want: Vec<f32> = nibbles.iter().map(|q| q - 8.0).collect();
+    c += equal("Q4_0", &read(kernel("dequantize", dequantize(&m, None, false))?).await?, &want)?;
+    // d = 0.25, m = −1: x = q/4 − 1
+    let m = upload(QuantFormat::Q4_1, 1, 32, &[&[0x00, 0x34, 0x00, 0xbc][..], &qs].concat(), dev)?;
+    let want: Vec<f32> = nibbles.iter().map(|q| q * 0.25 - 1.0).collect();
+    c += equal("Q4_1", &read(kernel("dequantize", dequantize(&m, None, false))?).await?, &want)?;
+    Ok(c)
+}
+
+/// Every row, the transpose and a gather with repeats, against [`cpu::dequantize`]: each value
+/// is `d·q + m` with one rounding to f32 at most, so the tolerance is half an f32 ulp.
+async fn dequant_twin(dev: &Device, format: QuantFormat, rows: usize, cols: usize, seed: u64) -> Check {
+    let mut rng = Rng::new(seed);
+    let bytes = random_blocks(&mut rng, format, rows, cols);
+    let want = cpu::dequantize(format, rows, cols, &bytes);
+    let m = upload(format, rows, cols, &bytes, dev)?;
+    let rtol = f64::from(f32::EPSILON) / 2.0;
+    let all = kernel("dequantize", dequantize(&m, None, false))?;
+    if all.dims() != [rows, cols] {
+        return Err(format!("shape {:?}, want [{rows}, {cols}]", all.dims()));
+    }
+    let mut c = close("every row", &read(all).await?, &want, rtol, 0.0)?;
+    let t = kernel("dequantize", dequantize(&m, None, true))?;
+    if t.dims() != [cols, rows] {
+        return Err(format!("transposed shape {:?}, want [{cols}, {rows}]", t.dims()));
+    }
+    let want_t: Vec<f64> = (0..cols * rows).map(|e| want[(e % rows) * cols + e / rows]).collect();
+    c += close("transposed", &read(t).await?, &want_t, rtol, 0.0)?;
+    let ids = [rows as u32 - 1, 0, rows as u32 - 1, (rows / 2) as u32];
+    let got = read(kernel("dequantize", dequantize(&m, Some(&ids), false))?).await?;
+    let want_ids: Vec<f64> =
+        ids.iter().flat_map(|&r| want[r as usize * cols..(r as usize + 1) * cols].to_vec()).collect();
+    c += close("rows by id", &got, &want_ids, rtol, 0.0)?;
+    Ok(c)
+}
+
+async fn qproject_hand(dev: &Device) -> Check {
+    // Q8_0 d = 0.5, q = −16..=15, x = 1s: Σ = −8, plus bias 0.25 and residual 1
+    let mut bytes = vec![0x00, 0x38];
+    bytes.extend((-16i8..16).map(|q| q as u8));
+    let m = upload(QuantFormat::Q8_0, 1, 32, &bytes, dev)?;
+    let r = f2(vec![1.0], [1, 1], dev);
+    let fusion = crate::Fusion { residual: Some(&r), ..Default::default() };
+    let out = kernel("qproject", qproject(&f2(vec![1.0; 32], [1, 32], dev), &m, Some(&f1(vec![0.25], dev)), fusion))?;
+    let mut c = equal("bias, residual", &read(out).await?, &[-6.75])?;
+    // SwiGLU over Q4_1 rows, x = 1/16: the gate row (d = 0.25, m = −1, nibbles j and 15 − j)
+    // sums to (0.25·240 − 32)/16 = 1.75, the up row (d = 0.5, m = 0, every nibble 1) to 1
+    let mut bytes = vec![0x00, 0x34, 0x00, 0xbc];
+    bytes.extend((0u8..16).map(|j| j | ((15 - j) << 4)));
+    bytes.extend([0x00, 0x38, 0x00, 0x00]);
+    bytes.extend([0x11; 16]);
+    let m = upload(QuantFormat::Q4_1, 2, 32, &bytes, dev)?;
+    let fusion = crate::Fusion { swiglu: true, ..Default::default() };
+    let out = kernel("qproject", qproject(&f2(vec![1.0 / 16.0; 32], [1, 32], dev), &m, None, fusion))?;
+    c += close("swiglu", &read(out).await?, &[1.75 / (1.0 + (-1.75f64).exp())], 1e-6, 0.0)?;
+    Ok(c)
+}
+
+/// [`project_twin`] with the weight in random blocks: the reference is [`cpu::project`] over
+/// the [`cpu::dequantize`]d matrix, the tolerance [`project_twin`]'s over the magnitudes of
+/// the terms the kernel sums ([`block_magnitudes`]).
+async fn qproject_twin(dev: &Device, format: QuantFormat, d_in: usize, d_out: usize, fuse: Fuse, seed: u64) -> Check {
+    let mut rng = Rng::new(seed);
+    let rows = if fuse.swiglu { 2 * d_out } else { d_out };
+    let bytes = random_blocks(&mut rng, format, rows, d_in);
+    let x = rng.vec(d_in, 1.5);
+    let b = fuse.bias.then(|| rng.vec(rows, 0.5));
+    let g: Option<Vec<f32>> = fuse.norm.then(|| (0..d_in).map(|_| 1.0 + 0.5 * rng.unit()).collect());
+    let r = fuse.residual.then(|| rng.vec(d_out, 3.0));
+    let eps = 1e-5f32;
+    let m = upload(format, rows, d_in, &bytes, dev)?;
+    let (gt, rt) = (g.clone().map(|g| f1(g, dev)), r.clone().map(|r| f2(r, [1, d_out], dev)));
+    let fusion = crate::Fusion { norm: gt.as_ref().map(|g| (g, eps)), residual: rt.as_ref(), swiglu: fuse.swiglu };
+    let out = kernel(
+        "qproject",
+        qproject(&f2(x.clone(), [1, d_in], dev), &m, b.clone().map(|b| f1(b, dev)).as_ref(), fusion),
+    )?;
+    if out.dims() != [1, d_out] {
+        return Err(format!("shape {:?}, want [1, {d_out}]", out.dims()));
+    }
+    let got = read(out).await?;
+    // [rows, d_in] as the [d_in, rows] weight cpu::project takes
+    let transpose =
+        |v: &[f64]| -> Vec<f32> { (0..d_in * rows).map(|e| v[(e % rows) * d_in + e / rows] as f32).collect() };
+    let w = transpose(&cpu::dequantize(format, rows, d_in, &bytes));
+    let w_abs = transpose(&block_magnitudes(format, &bytes));
+    let inputs = ProjectInputs { x: &x, w: &w, w_abs: &w_abs, b: b.as_deref(), g: g.as_deref(), eps, r: r.as_deref() };
+    project_check(&got, &inputs, fuse.swiglu, d_out)
 }
 
 async fn rope_hand(dev: &Device) -> Check {

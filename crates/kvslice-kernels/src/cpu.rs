@@ -290,3 +290,48 @@ pub fn rope_split(qkv: &[f32], cos: &[f32], sin: &[f32], heads: usize, kv_heads:
 pub fn rms_norm(x: &[f32], g: &[f32], eps: f32) -> Vec<f64> {
     x.chunks(g.len()).flat_map(|row| rms_row(row, g, eps)).collect()
 }
+
+// ---- Kernel 6: projections over quantized blocks ----
+
+/// An IEEE binary16 bit pattern as f64 (subnormals included; infinities and NaN as such).
+pub fn f16_to_f64(bits: u16) -> f64 {
+    let sign = if bits >> 15 == 1 { -1.0 } else { 1.0 };
+    let exp = i32::from((bits >> 10) & 0x1f);
+    let frac = f64::from(bits & 0x3ff);
+    sign * match exp {
+        0 => frac * 2f64.powi(-24),
+        0x1f if frac == 0.0 => f64::INFINITY,
+        0x1f => f64::NAN,
+        e => (1.0 + frac / 1024.0) * 2f64.powi(e - 15),
+    }
+}
+
+/// Twin of [`crate::dequantize`] with every row, not transposed: the `[rows, cols]` matrix of
+/// GGUF blocks `bytes` (row after row, 32 values per block) as f64, from the block layouts'
+/// definitions: Q8_0 is `d: f16, q: [i8; 32]` with `x = d·q`; Q4_0 is `d: f16, qs: [u8; 16]`
+/// with `x_j = d·((qs_j & 15) − 8)` and `x_{j+16} = d·((qs_j >> 4) − 8)`; Q4_1 is
+/// `d: f16, m: f16, qs: [u8; 16]` with `x_j = d·(qs_j & 15) + m`, `x_{j+16} = d·(qs_j >> 4) + m`.
+///
+/// # Panics
+/// When `bytes` is not `rows · cols / 32` whole blocks.
+pub fn dequantize(format: crate::QuantFormat, rows: usize, cols: usize, bytes: &[u8]) -> Vec<f64> {
+    use crate::QuantFormat::{Q4_0, Q4_1, Q8_0};
+    let bb = format.block_bytes();
+    assert_eq!(bytes.len(), rows * cols / 32 * bb, "whole blocks");
+    let mut out = Vec::with_capacity(rows * cols);
+    for block in bytes.chunks_exact(bb) {
+        let d = f16_to_f64(u16::from_le_bytes([block[0], block[1]]));
+        match format {
+            Q8_0 => out.extend(block[2..].iter().map(|&q| d * f64::from(q as i8))),
+            Q4_0 | Q4_1 => {
+                let (m, qs) = match format {
+                    Q4_1 => (f16_to_f64(u16::from_le_bytes([block[2], block[3]])), &block[4..]),
+                    _ => (-8.0 * d, &block[2..]),
+                };
+                out.extend(qs.iter().map(|&q| d * f64::from(q & 15) + m));
+                out.extend(qs.iter().map(|&q| d * f64::from(q >> 4) + m));
+            }
+        }
+    }
+    out
+}

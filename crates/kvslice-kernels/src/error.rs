@@ -115,6 +115,24 @@ pub enum KernelError {
         /// Its value.
         value: usize,
     },
+    /// A quantized block whose f16 scale or offset is infinite or NaN.
+    #[error("quantized weight: block {block} (row {row}) has a NaN or infinite scale")]
+    NonFiniteBlock {
+        /// Block index, row-major.
+        block: usize,
+        /// Matrix row holding it.
+        row: usize,
+    },
+    /// A row index past the rows of a matrix.
+    #[error("{what} {index} is past the {rows} rows")]
+    RowOutOfRange {
+        /// Which index.
+        what: &'static str,
+        /// The index.
+        index: usize,
+        /// Rows of the matrix.
+        rows: usize,
+    },
     /// A shader failed to parse, validate or translate (see [`crate::shader::check_all`]).
     #[error("shader {kernel}: {stage}: {message}")]
     Shader {

@@ -7,6 +7,7 @@
 //! | 3. ragged decode attention | [`decode_attention`] | `shaders/decode.wgsl` |
 //! | 4. skinny projection `x·W + b` | [`linear`] | `shaders/linear.wgsl` |
 //! | 5. fused decode-step stages | [`project`], [`rope_split`], [`rms_norm`] | `shaders/project.wgsl`, `shaders/step.wgsl` |
+//! | 6. projections over quantized blocks | [`qproject`], [`dequantize`] | `shaders/qproject.wgsl` |
 //!
 //! Every function validates shapes, lengths, capacities and `head_dim` and returns a
 //! [`KernelError`] before dispatching anything; it then only queues work on the tensors'
@@ -26,6 +27,7 @@ mod fused;
 mod gpu;
 mod linear;
 mod params;
+mod quant;
 pub mod shader;
 mod stats;
 
@@ -36,5 +38,6 @@ pub use fused::{Fusion, QkvRow, project, rms_norm, rope_split};
 pub use gpu::{BufferId, buffer_id, int_buffer_id};
 pub use linear::linear;
 pub use params::{Layout, layout};
+pub use quant::{QuantFormat, QuantMatrix, dequantize, pack_blocks, qproject};
 pub use shader::MAX_HEAD_DIM;
 pub use stats::{StatsRequest, WindowStats, window_stats};

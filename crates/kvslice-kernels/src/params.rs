@@ -109,6 +109,29 @@ pub(crate) struct StepParams {
     pub eps: f32,
 }
 
+/// `qproject.wgsl` (both entries).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub(crate) struct QProjectParams {
+    pub d_in: u32,
+    /// Output rows computed (`project`) or written (`dequant`).
+    pub rows: u32,
+    /// Blocks per weight row.
+    pub nb: u32,
+    /// 0: Q8_0, 1: Q4_0, 2: Q4_1.
+    pub kind: u32,
+    /// Bit 0: bias, 1: RMSNorm, 2: residual, 3: SwiGLU, 4: every row, 5: transpose.
+    pub flags: u32,
+    /// First word of the block headers.
+    pub meta_at: u32,
+    /// SwiGLU: row offset of the up half.
+    pub up_at: u32,
+    /// Workgroups along x.
+    pub groups_x: u32,
+    /// RMSNorm ε.
+    pub eps: f32,
+}
+
 /// The Rust side of a shader's `Params` struct.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
@@ -145,5 +168,9 @@ pub fn layout(family: Family) -> Option<Layout> {
         Family::Linear | Family::Linear4 => layout_of!(LinearParams { n, d_in, cols, flags, groups_y }),
         Family::Project | Family::Project4 => layout_of!(ProjectParams { d_in, cols, w_stride, flags, eps }),
         Family::Step => layout_of!(StepParams { heads, kv_heads, head_dim, width, eps }),
+        Family::QProject => layout_of!(
+            QProjectParams { d_in, rows, nb, kind, flags, meta_at, up_at, groups_x, eps },
+            tail "ids"
+        ),
     })
 }

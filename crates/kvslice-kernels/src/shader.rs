@@ -33,6 +33,9 @@ pub(crate) const DECODE_PART_LEN: u32 = 512;
 pub(crate) const LINEAR_WG: u32 = 64;
 pub(crate) const PROJECT_WG: u32 = 64;
 pub(crate) const STEP_WG: u32 = 64;
+pub(crate) const QPROJECT_WG: u32 = 64;
+/// Invocations per weight row in `qproject.wgsl`'s `project`.
+pub(crate) const QPROJECT_TPR: u32 = 8;
 
 /// One WGSL file of `shaders/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -55,11 +58,13 @@ pub enum Family {
     Project4,
     /// `step.wgsl`: entries `rope`, `norm`.
     Step,
+    /// `qproject.wgsl`: entries `project`, `dequant`.
+    QProject,
 }
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 9] = [
+    pub const ALL: [Family; 10] = [
         Family::WindowStats,
         Family::Compact,
         Family::Append,
@@ -69,6 +74,7 @@ impl Family {
         Family::Project,
         Family::Project4,
         Family::Step,
+        Family::QProject,
     ];
 
     /// File name under `shaders/`.
@@ -81,6 +87,7 @@ impl Family {
             Family::Linear | Family::Linear4 => "linear.wgsl",
             Family::Project | Family::Project4 => "project.wgsl",
             Family::Step => "step.wgsl",
+            Family::QProject => "qproject.wgsl",
         }
     }
 
@@ -94,6 +101,7 @@ impl Family {
             Family::Linear | Family::Linear4 => include_str!("../../../shaders/linear.wgsl"),
             Family::Project | Family::Project4 => include_str!("../../../shaders/project.wgsl"),
             Family::Step => include_str!("../../../shaders/step.wgsl"),
+            Family::QProject => include_str!("../../../shaders/qproject.wgsl"),
         }
     }
 
@@ -107,6 +115,7 @@ impl Family {
             Family::Linear | Family::Linear4 => &["one", "four"],
             Family::Project | Family::Project4 => &["project"],
             Family::Step => &["rope", "norm"],
+            Family::QProject => &["project", "dequant"],
         }
     }
 
@@ -119,6 +128,7 @@ impl Family {
             Family::Linear | Family::Linear4 => "linear",
             Family::Project | Family::Project4 => "project",
             Family::Step => "step",
+            Family::QProject => "qproject",
         }
     }
 
@@ -138,6 +148,7 @@ impl Family {
             Family::Linear | Family::Linear4 => vec![("wg", LINEAR_WG)],
             Family::Project | Family::Project4 => vec![("wg", PROJECT_WG)],
             Family::Step => vec![("wg", STEP_WG)],
+            Family::QProject => vec![("wg", QPROJECT_WG), ("tpr", QPROJECT_TPR)],
         }
     }
 
@@ -172,6 +183,7 @@ impl Family {
             (Family::Linear | Family::Linear4, _) => LINEAR_WG,
             (Family::Project | Family::Project4, _) => PROJECT_WG,
             (Family::Step, _) => STEP_WG,
+            (Family::QProject, _) => QPROJECT_WG,
         }
     }
 }

@@ -140,3 +140,64 @@ fn fused_stages_refuse_bad_shapes() {
     assert_eq!(rope_split(&qkv, &f1(4), &f1(4), 3, 2, 4).unwrap_err(), KernelError::Grouping { heads: 3, kv_heads: 2 });
     assert!(matches!(rms_norm(&x, &f1(7), 1e-5), Err(KernelError::Shape { tensor: "weight", .. })));
 }
+
+#[test]
+fn quantized_weights_refuse_bad_blocks_and_shapes() {
+    use kvslice_kernels::{Fusion, QuantFormat, QuantMatrix, dequantize, qproject};
+    let dev = device();
+    // one Q8_0 block: f16 scale 1.0, zero values
+    let block = |d: [u8; 2]| [&d[..], &[0u8; 32]].concat();
+    let two = [block([0x00, 0x3c]), block([0x00, 0x7c])].concat();
+    // an infinite scale in the second block (row 1 of a [2, 32] matrix)
+    assert_eq!(
+        QuantMatrix::upload(QuantFormat::Q8_0, 2, 32, &two, &dev).unwrap_err(),
+        KernelError::NonFiniteBlock { block: 1, row: 1 }
+    );
+    // a NaN offset in a Q4_1 block
+    let nan_m = [&[0x00, 0x3c, 0x01, 0x7e][..], &[0u8; 16]].concat();
+    assert!(matches!(
+        QuantMatrix::upload(QuantFormat::Q4_1, 1, 32, &nan_m, &dev),
+        Err(KernelError::NonFiniteBlock { block: 0, row: 0 })
+    ));
+    // columns that are not whole blocks, bytes that are not the blocks' length, no rows
+    let one = block([0x00, 0x3c]);
+    assert!(matches!(
+        QuantMatrix::upload(QuantFormat::Q8_0, 1, 31, &one, &dev),
+        Err(KernelError::Shape { tensor: "blocks", .. })
+    ));
+    assert!(matches!(
+        QuantMatrix::upload(QuantFormat::Q8_0, 1, 32, &one[..33], &dev),
+        Err(KernelError::Shape { tensor: "block bytes", .. })
+    ));
+    assert!(matches!(
+        QuantMatrix::upload(QuantFormat::Q4_0, 1, 32, &one, &dev),
+        Err(KernelError::Shape { tensor: "block bytes", .. })
+    ));
+    assert!(matches!(QuantMatrix::upload(QuantFormat::Q8_0, 0, 32, &[], &dev), Err(KernelError::Empty { .. })));
+
+    let m = QuantMatrix::upload(QuantFormat::Q8_0, 1, 32, &one, &dev).unwrap();
+    assert_eq!(m.device_bytes(), 36);
+    assert_eq!(
+        dequantize(&m, Some(&[0, 1]), false).unwrap_err(),
+        KernelError::RowOutOfRange { what: "row id", index: 1, rows: 1 }
+    );
+    assert!(matches!(dequantize(&m, Some(&[]), false), Err(KernelError::Empty { .. })));
+    // x of the wrong width or with two rows; bias and residual of the wrong length
+    let x = f2(vec![0.0; 32], [1, 32], &dev);
+    assert!(matches!(
+        qproject(&f2(vec![0.0; 31], [1, 31], &dev), &m, None, Fusion::default()),
+        Err(KernelError::Shape { tensor: "x", .. })
+    ));
+    assert!(matches!(
+        qproject(&f2(vec![0.0; 64], [2, 32], &dev), &m, None, Fusion::default()),
+        Err(KernelError::Shape { tensor: "x", .. })
+    ));
+    let b2 = Tensor::<1>::from_data(TensorData::new(vec![0.0f32; 2], [2]), &dev);
+    assert!(matches!(qproject(&x, &m, Some(&b2), Fusion::default()), Err(KernelError::Shape { tensor: "bias", .. })));
+    let r2 = f2(vec![0.0; 2], [1, 2], &dev);
+    let fusion = Fusion { residual: Some(&r2), ..Default::default() };
+    assert!(matches!(qproject(&x, &m, None, fusion), Err(KernelError::Shape { tensor: "residual", .. })));
+    // SwiGLU needs gate and up rows: one row is neither
+    let fusion = Fusion { swiglu: true, ..Default::default() };
+    assert!(matches!(qproject(&x, &m, None, fusion), Err(KernelError::Shape { tensor: "weight", .. })));
+}

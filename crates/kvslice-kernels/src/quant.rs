@@ -1,0 +1,285 @@
+//! Weights kept in their quantized blocks on the device (`shaders/qproject.wgsl`).
+//!
+//! A GGUF Q8_0, Q4_0 or Q4_1 matrix is uploaded as its blocks ([`QuantMatrix::upload`]): the
+//! values' bytes unchanged, each block's f16 header widened to one 4-byte word (so every load
+//! is word-aligned): 36 bytes per 32 values for Q8_0 (34 in the file), 20 for Q4_0 (18) and
+//! 20 for Q4_1 (20). [`qproject`] runs one row through it with [`project`](crate::project)'s
+//! prologue and epilogues, dequantizing in registers; [`dequantize`] writes rows of it as f32
+//! (the embedding's gather, or the transposed matrix a prefill's matmul takes, one layer's
+//! at a time).
+
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+
+use crate::error::{KernelError, Result};
+use crate::fused::Fusion;
+use crate::gpu::{self, Gpu, bind};
+use crate::params::QProjectParams;
+use crate::shader::{Family, QPROJECT_TPR, QPROJECT_WG};
+
+/// Block formats [`QuantMatrix`] takes (GGUF's layouts, 32 values per block).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuantFormat {
+    /// f16 `d`, 32 × i8 `q`: `x = d·q` (34 bytes).
+    Q8_0,
+    /// f16 `d`, 16 bytes of nibbles: `x = d·(q − 8)` (18 bytes).
+    Q4_0,
+    /// f16 `d`, f16 `m`, 16 bytes of nibbles: `x = d·q + m` (20 bytes).
+    Q4_1,
+}
+
+impl QuantFormat {
+    /// Values per block.
+    pub const VALUES: usize = 32;
+
+    /// Bytes per block as stored in a GGUF file.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            QuantFormat::Q8_0 => 34,
+            QuantFormat::Q4_0 => 18,
+            QuantFormat::Q4_1 => 20,
+        }
+    }
+
+    /// Words of values per block on the device.
+    fn value_words(self) -> usize {
+        match self {
+            QuantFormat::Q8_0 => 8,
+            QuantFormat::Q4_0 | QuantFormat::Q4_1 => 4,
+        }
+    }
+
+    /// Bytes of the header in the file (before the values).
+    fn header_bytes(self) -> usize {
+        match self {
+            QuantFormat::Q4_1 => 4,
+            _ => 2,
+        }
+    }
+
+    fn kind(self) -> u32 {
+        match self {
+            QuantFormat::Q8_0 => 0,
+            QuantFormat::Q4_0 => 1,
+            QuantFormat::Q4_1 => 2,
+        }
+    }
+}
+
+/// A `[rows, cols]` matrix (rows: output features; cols: input features, a multiple of 32) in
+/// its blocks on a wgpu device.
+#[derive(Debug, Clone)]
+pub struct QuantMatrix {
+    format: QuantFormat,
+    rows: usize,
+    cols: usize,
+    words: Tensor<1, Int>,
+}
+
+/// `true` for an f16 bit pattern that is infinite or NaN.
+fn f16_non_finite(bits: u16) -> bool {
+    (bits >> 10) & 0x1f == 0x1f
+}
+
+/// The device layout of `bytes` (`rows · cols / 32` blocks in the file's layout, row after
+/// row): every block's values, then every block's header word, in block order.
+pub fn pack_blocks(format: QuantFormat, rows: usize, cols: usize, bytes: &[u8]) -> Result<Vec<u32>> {
+    for (what, v) in [("rows", rows), ("cols", cols)] {
+        if v == 0 {
+            return Err(KernelError::Empty { what });
+        }
+    }
+    if !cols.is_multiple_of(QuantFormat::VALUES) {
+        return Err(KernelError::Shape {
+            tensor: "blocks",
+            expected: vec![rows, cols.next_multiple_of(32)],
+            got: vec![rows, cols],
+        });
+    }
+    let blocks = rows * (cols / QuantFormat::VALUES);
+    let bb = format.block_bytes();
+    if bytes.len() != blocks * bb {
+        return Err(KernelError::Shape { tensor: "block bytes", expected: vec![blocks * bb], got: vec![bytes.len()] });
+    }
+    // Every value must be addressable by the dequantization's 32-bit indices.
+    gpu::check_elements("quantized values", &[rows, cols])?;
+    let vw = format.value_words();
+    let total = blocks * (vw + 1);
+    gpu::check_u32("quantized words", total)?;
+    let mut out = vec![0u32; total];
+    let (values, headers) = out.split_at_mut(blocks * vw);
+    let hb = format.header_bytes();
+    for (b, block) in bytes.chunks_exact(bb).enumerate() {
+        let d = u16::from_le_bytes([block[0], block[1]]);
+        let m = if hb == 4 { u16::from_le_bytes([block[2], block[3]]) } else { 0 };
+        if f16_non_finite(d) || f16_non_finite(m) {
+            return Err(KernelError::NonFiniteBlock { block: b, row: b / (cols / QuantFormat::VALUES) });
+        }
+        headers[b] = u32::from(d) | (u32::from(m) << 16);
+        for (i, word) in block[hb..].chunks_exact(4).enumerate() {
+            values[b * vw + i] = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+        }
+    }
+    Ok(out)
+}
+
+impl QuantMatrix {
+    /// Uploads a matrix given as its file bytes (see [`pack_blocks`]) onto `device`, which
+    /// must be a wgpu device.
+    pub fn upload(format: QuantFormat, rows: usize, cols: usize, bytes: &[u8], device: &Device) -> Result<Self> {
+        let words = pack_blocks(format, rows, cols, bytes)?;
+        let n = words.len();
+        let words: Vec<i32> = bytemuck::cast_slice(&words).to_vec();
+        let words = Tensor::<1, Int>::from_data(TensorData::new(words, [n]), device);
+        gpu::int_input("blocks", &words)?;
+        Ok(QuantMatrix { format, rows, cols, words })
+    }
+
+    pub fn format(&self) -> QuantFormat {
+        self.format
+    }
+
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes on the device.
+    pub fn device_bytes(&self) -> u64 {
+        self.words.dims()[0] as u64 * 4
+    }
+
+    fn blocks(&self) -> usize {
+        self.rows * (self.cols / QuantFormat::VALUES)
+    }
+
+    fn params(&self, rows: usize, flags: u32, up_at: usize, groups_x: u32, eps: f32) -> QProjectParams {
+        QProjectParams {
+            d_in: self.cols as u32,
+            rows: rows as u32,
+            nb: (self.cols / QuantFormat::VALUES) as u32,
+            kind: self.format.kind(),
+            flags,
+            meta_at: (self.blocks() * self.format.value_words()) as u32,
+            up_at: up_at as u32,
+            groups_x,
+            eps,
+        }
+    }
+}
+
+/// A 2-D grid of at most 65,535 workgroups along x for `groups` workgroups.
+fn grid(groups: usize) -> Result<(u32, u32)> {
+    let x = groups.clamp(1, 65_535);
+    let y = groups.div_ceil(x);
+    gpu::check_groups("workgroup rows", y)?;
+    Ok((x as u32, y as u32))
+}
+
+/// [`project`](crate::project) over a quantized weight: `y = epilogue(prologue(x)·Wᵀ + b)`
+/// for one row, `W` being `weight`'s `[rows, d_in]` (with SwiGLU the gate rows, then as many
+/// up rows).
+///
+/// # Shapes
+/// `x: [1, d_in]`, `bias`: one entry per weight row, residual `[1, d_out]` → `[1, d_out]`.
+pub fn qproject(
+    x: &Tensor<2>,
+    weight: &QuantMatrix,
+    bias: Option<&Tensor<1>>,
+    fusion: Fusion<'_>,
+) -> Result<Tensor<2>> {
+    let d_in = weight.cols;
+    gpu::expect_shape("x", &x.dims(), &[1, d_in])?;
+    if fusion.swiglu && !weight.rows.is_multiple_of(2) {
+        return Err(KernelError::Shape {
+            tensor: "weight",
+            expected: vec![weight.rows + 1, d_in],
+            got: vec![weight.rows, d_in],
+        });
+    }
+    let d_out = if fusion.swiglu { weight.rows / 2 } else { weight.rows };
+    if let Some(b) = bias {
+        gpu::expect_shape("bias", &b.dims(), &[weight.rows])?;
+    }
+    if let Some((g, _)) = fusion.norm {
+        gpu::expect_shape("norm weight", &g.dims(), &[d_in])?;
+    }
+    if let Some(r) = fusion.residual {
+        gpu::expect_shape("residual", &r.dims(), &[1, d_out])?;
+    }
+    let (gx, gy) = grid(d_out.div_ceil((QPROJECT_WG / QPROJECT_TPR) as usize))?;
+
+    let wp = gpu::int_input("blocks", &weight.words)?;
+    let xp = gpu::float_input("x", x)?;
+    gpu::same_device(("blocks", &wp), ("x", &xp))?;
+    let opt = |name: &'static str, t: Option<&Tensor<1>>| -> Result<Option<_>> {
+        let Some(t) = t else { return Ok(None) };
+        let p = gpu::float_input(name, t)?;
+        gpu::same_device(("blocks", &wp), (name, &p))?;
+        Ok(Some(p))
+    };
+    let bp = opt("bias", bias)?;
+    let gp = opt("norm weight", fusion.norm.map(|(g, _)| g))?;
+    let rp = match fusion.residual {
+        Some(r) => {
+            let p = gpu::float_input("residual", r)?;
+            gpu::same_device(("blocks", &wp), ("residual", &p))?;
+            Some(p)
+        }
+        None => None,
+    };
+
+    let (xp, wp) = (gpu::ready(xp), gpu::ready(wp));
+    let (bp, gp, rp) = (bp.map(gpu::ready), gp.map(gpu::ready), rp.map(gpu::ready));
+    let g = Gpu::new(&xp);
+    let out = g.empty(&[1, d_out], DType::F32);
+    let flags = u32::from(bp.is_some())
+        | if gp.is_some() { 2 } else { 0 }
+        | if rp.is_some() { 4 } else { 0 }
+        | if fusion.swiglu { 8 } else { 0 };
+    let params = weight.params(d_out, flags, d_out, gx, fusion.norm.map_or(0.0, |(_, eps)| eps));
+    let params = g.params(&params, &[]);
+    let or_dummy = |p: &Option<burn::backend::wgpu::CubeTensor>| p.as_ref().map(bind).unwrap_or_else(|| g.dummy());
+    g.launch(
+        Family::QProject,
+        "project",
+        (gx, gy, 1),
+        vec![params, bind(&xp), bind(&wp), or_dummy(&bp), or_dummy(&gp), or_dummy(&rp), bind(&out)],
+    );
+    Ok(gpu::float_tensor(out))
+}
+
+/// Rows of a quantized matrix as f32: weight rows `ids` as `[ids.len(), cols]` (an embedding
+/// lookup), or with `ids = None` every row, transposed when `transpose` (`[cols, rows]`: the
+/// `[d_in, d_out]` weight of a matmul).
+pub fn dequantize(weight: &QuantMatrix, ids: Option<&[u32]>, transpose: bool) -> Result<Tensor<2>> {
+    if let Some(ids) = ids {
+        if ids.is_empty() {
+            return Err(KernelError::Empty { what: "row ids" });
+        }
+        if let Some(&bad) = ids.iter().find(|&&r| r as usize >= weight.rows) {
+            return Err(KernelError::RowOutOfRange { what: "row id", index: bad as usize, rows: weight.rows });
+        }
+    }
+    let n = ids.map_or(weight.rows, <[u32]>::len);
+    gpu::check_elements("output", &[n, weight.cols])?;
+    let (gx, gy) = grid((n * weight.cols).div_ceil(QPROJECT_WG as usize))?;
+    let wp = gpu::ready(gpu::int_input("blocks", &weight.words)?);
+    let g = Gpu::new(&wp);
+    let shape = if transpose { [weight.cols, n] } else { [n, weight.cols] };
+    let out = g.empty(&shape, DType::F32);
+    let flags = if ids.is_none() { 16 } else { 0 } | if transpose { 32 } else { 0 };
+    let params = weight.params(n, flags, 0, gx, 0.0);
+    let params = g.params(&params, ids.unwrap_or(&[]));
+    g.launch(
+        Family::QProject,
+        "dequant",
+        (gx, gy, 1),
+        vec![params, g.dummy(), bind(&wp), g.dummy(), g.dummy(), g.dummy(), bind(&out)],
+    );
+    Ok(gpu::float_tensor(out))
+}

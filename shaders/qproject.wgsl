@@ -1,0 +1,260 @@
+// Projections over weights kept in their quantized blocks (GGUF Q8_0, Q4_0, Q4_1), dequantized
+// in registers: the file's bytes are the device's bytes (a 4-byte block header instead of the
+// file's 2 or 4), never an f32 copy.
+//
+// Layout of `w` (u32 words; crates/kvslice-kernels/src/quant.rs packs it at load): the weight
+// is `rows` rows (output features) of `nb` blocks of 32 values (input features). First the
+// blocks' values, row after row, block after block: 8 words per Q8_0 block (four signed bytes
+// each, value 4i + j in byte j of word i), 4 words per Q4 block (word i holds values 4i + j in
+// the low nibble of its byte j and 16 + 4i + j in the high nibble). Then, from word `meta_at`,
+// one word per block in the same order: its f16 scale d in the low half and, for Q4_1, its f16
+// minimum m in the high half. Value = d·q (Q8_0), d·(q − 8) (Q4_0), d·q + m (Q4_1).
+//
+// `project` — one row x through the weight, with project.wgsl's prologue and epilogues:
+//   y_r = epilogue(Σ_k prologue(x)_k · W_rk + b_r); RMSNorm prologue (bit 1), bias (bit 0),
+//   residual (bit 2), SwiGLU (bit 3: rows r and r + up_at are gate and up, y = silu(g)·u).
+//   A workgroup computes ROWS rows with TPR invocations per row, each over every TPR-th block;
+//   the partial sums meet in workgroup memory.
+// `dequant` — rows of the weight as f32: output row i is weight row ids[i] (bit 4 clear) or
+//   row i (bit 4 set: every row); bit 5 writes the transpose ([d_in, rows], a matmul's weight).
+//   One invocation per output value, over a 2-D grid of workgroups (`groups_x` wide).
+//
+// Rust wrapper and semantics: crates/kvslice-kernels/src/quant.rs.
+
+struct Params {
+    d_in: u32,
+    // output rows computed (project) or written (dequant)
+    rows: u32,
+    // blocks per weight row
+    nb: u32,
+    // 0: Q8_0, 1: Q4_0, 2: Q4_1
+    kind: u32,
+    // bit 0: bias, 1: RMSNorm, 2: residual, 3: SwiGLU, 4: every row, 5: transpose
+    flags: u32,
+    // first word of the block headers
+    meta_at: u32,
+    // SwiGLU: row offset of the up half
+    up_at: u32,
+    // workgroups along x (dequant's 2-D grid)
+    groups_x: u32,
+    // RMSNorm ε
+    eps: f32,
+    // dequant: the weight rows to write
+    ids: array<u32>,
+}
+
+@group(0) @binding(0) var<storage, read_write> prm: Params;
+// [d_in]
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> w: array<u32>;
+@group(0) @binding(3) var<storage, read_write> bias: array<f32>;
+@group(0) @binding(4) var<storage, read_write> gain: array<f32>;
+@group(0) @binding(5) var<storage, read_write> res: array<f32>;
+@group(0) @binding(6) var<storage, read_write> y: array<f32>;
+
+const WG: u32 = {{ wg }}u;
+const TPR: u32 = {{ tpr }}u;
+const ROWS: u32 = WG / TPR;
+
+var<workgroup> partial: array<f32, WG>;
+var<workgroup> part_g: array<f32, WG>;
+var<workgroup> part_u: array<f32, WG>;
+
+fn has(bit: u32) -> bool { return (prm.flags & bit) != 0u; }
+
+// Words of values per block.
+fn block_words() -> u32 { return select(4u, 8u, prm.kind == 0u); }
+
+// An f16 bit pattern (low 16 bits) as f32, exactly; infinities and NaNs were refused at
+// upload. Decoded by hand: unpack2x16float needs a capability not every backend has.
+fn half(bits: u32) -> f32 {
+    let e = (bits >> 10u) & 31u;
+    let m = bits & 1023u;
+    var v: f32;
+    if e == 0u {
+        // subnormal: m · 2⁻²⁴
+        v = f32(m) * 5.9604645e-8;
+    } else {
+        v = bitcast<f32>(((e + 112u) << 23u) | (m << 13u));
+    }
+    return select(v, -v, (bits & 32768u) != 0u);
+}
+
+// (d, m) of block `b` (global block index); Q4_0's offset of 8 folds into m = −8·d.
+fn header(b: u32) -> vec2<f32> {
+    let word = w[prm.meta_at + b];
+    let h = vec2<f32>(half(word & 65535u), half(word >> 16u));
+    if prm.kind == 0u {
+        return vec2<f32>(h.x, 0.0);
+    }
+    if prm.kind == 1u {
+        return vec2<f32>(h.x, -8.0 * h.x);
+    }
+    return h;
+}
+
+fn q8(word: u32) -> vec4<f32> {
+    return vec4<f32>(
+        f32(bitcast<i32>(word << 24u) >> 24u),
+        f32(bitcast<i32>(word << 16u) >> 24u),
+        f32(bitcast<i32>(word << 8u) >> 24u),
+        f32(bitcast<i32>(word) >> 24u),
+    );
+}
+
+fn lo4(word: u32) -> vec4<f32> {
+    return vec4<f32>(f32(word & 15u), f32((word >> 8u) & 15u), f32((word >> 16u) & 15u), f32((word >> 24u) & 15u));
+}
+
+fn hi4(word: u32) -> vec4<f32> {
+    return vec4<f32>(
+        f32((word >> 4u) & 15u),
+        f32((word >> 12u) & 15u),
+        f32((word >> 20u) & 15u),
+        f32((word >> 28u) & 15u),
+    );
+}
+
+// prologue(x) at k..k+3 (the norm's gain applied; its 1/rms is applied once, to the sum).
+fn xin(k: u32, norm: bool) -> vec4<f32> {
+    let v = vec4<f32>(x[k], x[k + 1u], x[k + 2u], x[k + 3u]);
+    if norm {
+        return v * vec4<f32>(gain[k], gain[k + 1u], gain[k + 2u], gain[k + 3u]);
+    }
+    return v;
+}
+
+// Σ_j xin_j · value_j over block `blk` of weight row `row`.
+fn block_dot(row: u32, blk: u32, norm: bool) -> f32 {
+    let b = row * prm.nb + blk;
+    let hd = header(b);
+    let base = b * block_words();
+    let k0 = blk * 32u;
+    var dq = vec4<f32>(0.0);
+    var sx = vec4<f32>(0.0);
+    if prm.kind == 0u {
+        for (var i = 0u; i < 8u; i++) {
+            let xv = xin(k0 + 4u * i, norm);
+            dq += xv * q8(w[base + i]);
+        }
+    } else {
+        for (var i = 0u; i < 4u; i++) {
+            let word = w[base + i];
+            let xl = xin(k0 + 4u * i, norm);
+            let xh = xin(k0 + 16u + 4u * i, norm);
+            dq += xl * lo4(word) + xh * hi4(word);
+            sx += xl + xh;
+        }
+    }
+    let one = vec4<f32>(1.0);
+    return hd.x * dot(dq, one) + hd.y * dot(sx, one);
+}
+
+// 1/√(mean(x²) + ε) over the row, reduced across the workgroup (every invocation gets it).
+fn inv_rms(lid: u32) -> f32 {
+    let din = prm.d_in;
+    var s = 0.0;
+    for (var k = lid; k < din; k += WG) {
+        let v = x[k];
+        s += v * v;
+    }
+    partial[lid] = s;
+    workgroupBarrier();
+    var total = 0.0;
+    for (var i = 0u; i < WG; i++) {
+        total += partial[i];
+    }
+    return 1.0 / sqrt(total / f32(din) + prm.eps);
+}
+
+@compute @workgroup_size(WG)
+fn {{ entry_project }}(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    _ = touch_bindings();
+    let norm = has(2u);
+    let scale = select(1.0, inv_rms(lid), norm);
+    let slot = lid / TPR;
+    let t = lid % TPR;
+    let row = (wid.y * prm.groups_x + wid.x) * ROWS + slot;
+    let live = row < prm.rows;
+    let swiglu = has(8u);
+    var g = 0.0;
+    var u = 0.0;
+    if live {
+        for (var blk = t; blk < prm.nb; blk += TPR) {
+            g += block_dot(row, blk, norm);
+            if swiglu {
+                u += block_dot(row + prm.up_at, blk, norm);
+            }
+        }
+    }
+    part_g[lid] = g;
+    part_u[lid] = u;
+    workgroupBarrier();
+    if !live || t != 0u {
+        return;
+    }
+    var sg = 0.0;
+    var su = 0.0;
+    for (var i = 0u; i < TPR; i++) {
+        sg += part_g[lid + i];
+        su += part_u[lid + i];
+    }
+    if swiglu {
+        var gv = sg * scale;
+        var uv = su * scale;
+        if has(1u) {
+            gv += bias[row];
+            uv += bias[row + prm.up_at];
+        }
+        y[row] = gv / (1.0 + exp(-gv)) * uv;
+        return;
+    }
+    var out = sg * scale;
+    if has(1u) {
+        out += bias[row];
+    }
+    if has(4u) {
+        out += res[row];
+    }
+    y[row] = out;
+}
+
+@compute @workgroup_size(WG)
+fn {{ entry_dequant }}(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    _ = touch_bindings();
+    let e = (wid.y * prm.groups_x + wid.x) * WG + lid;
+    let din = prm.d_in;
+    let n = prm.rows;
+    if e >= n * din {
+        return;
+    }
+    let i = e / din;
+    let k = e % din;
+    let row = select(prm.ids[i], i, has(16u));
+    let blk = k / 32u;
+    let j = k % 32u;
+    let b = row * prm.nb + blk;
+    let hd = header(b);
+    let base = b * block_words();
+    var q: f32;
+    if prm.kind == 0u {
+        let word = w[base + j / 4u];
+        q = f32(bitcast<i32>(word << (24u - 8u * (j % 4u))) >> 24u);
+    } else {
+        let word = w[base + (j % 16u) / 4u];
+        let shift = 8u * (j % 4u) + select(0u, 4u, j >= 16u);
+        q = f32((word >> shift) & 15u);
+    }
+    let v = hd.x * q + hd.y;
+    if has(32u) {
+        y[k * n + i] = v;
+    } else {
+        y[e] = v;
+    }
+}
