@@ -511,7 +511,7 @@ fn value_projection_norms_match_the_reference() {
     let v = values(21, kv * n * d);
     let got = kvslice_runtime::evict::value_proj_l1(&model, 1, tensor(&v, [kv, n, d], &device));
     let got = got.into_data().try_to_vec::<f32>().unwrap();
-    let w = model.weights.layers[1].self_attn.o_proj.weight.val(); // [H·d, hidden]
+    let w = model.weights.layers[1].self_attn.o_proj.weight().unwrap(); // [H·d, hidden]
     let hidden = w.dims()[1];
     let w_t = w.transpose().into_data().try_to_vec::<f32>().unwrap();
     let dims = Dims { heads, kv_heads: kv, len: n, head_dim: d };

@@ -13,11 +13,37 @@ use crate::config::LlamaConfig;
 use crate::error::{ModelError, Result};
 use crate::model::{Attention, DecoderLayer, Linear, Llama, LlamaWeights, Mlp, RmsNorm};
 
-use kvslice_formats::WeightSource;
+use kvslice_formats::{BlockFormat, WeightSource};
+use kvslice_kernels::{QuantFormat, QuantMatrix};
+
+/// How weights are kept on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// On wgpu, matrices stored in GGUF Q8_0/Q4_0/Q4_1 blocks stay in them (the kernels
+    /// dequantize in registers); otherwise, and on the CPU backend always, everything is f32.
+    pub quantized: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { quantized: true }
+    }
+}
+
+impl LoadOptions {
+    /// The defaults, with `KVSLICE_DEVICE_WEIGHTS=f32` turning the quantized weights off (to
+    /// compare the two on one adapter).
+    pub fn from_env() -> Self {
+        let f32_only = std::env::var("KVSLICE_DEVICE_WEIGHTS").is_ok_and(|v| v.eq_ignore_ascii_case("f32"));
+        LoadOptions { quantized: !f32_only }
+    }
+}
 
 struct Loader<'a> {
     source: &'a dyn WeightSource,
     device: &'a Device,
+    /// Keep block-quantized matrices in their blocks (wgpu only).
+    quantized: bool,
 }
 
 impl Loader<'_> {
@@ -52,19 +78,48 @@ impl Loader<'_> {
         Ok(Param::from_tensor(Tensor::from_data(TensorData::new(t.data, [len]), self.device)))
     }
 
-    /// `[out, in]` on file → `[in, out]` on the device.
-    fn matrix_t(&mut self, name: &str, out: usize, inp: usize) -> Result<Param<Tensor<2>>> {
-        let t = self.get(name, &[out, inp])?;
-        Ok(Param::from_tensor(Tensor::from_data(
-            TensorData::new(transpose(&t.data, out, inp), [inp, out]),
-            self.device,
-        )))
+    fn linear(&mut self, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
+        self.fused_linear(&[(prefix.to_string(), out)], inp, bias)
     }
 
-    fn linear(&mut self, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
-        let weight = self.matrix_t(&format!("{prefix}.weight"), out, inp)?;
-        let bias = if bias { Some(self.vector(&format!("{prefix}.bias"), out)?) } else { None };
-        Ok(Linear { weight, bias })
+    /// The parts' blocks stacked row after row on the device, when every part is stored in
+    /// the same block format (and quantized weights are asked for); `None` otherwise.
+    fn blocks(&mut self, names: &[(String, usize)], inp: usize) -> Result<Option<QuantMatrix>> {
+        if !self.quantized {
+            return Ok(None);
+        }
+        let mut format = None;
+        let mut bytes = Vec::new();
+        let mut rows = 0;
+        for (name, out) in names {
+            if self.source.shape(name).is_none() {
+                return Err(ModelError::MissingTensor(name.clone()));
+            }
+            let Some(b) = self.source.load_blocks(name)? else { return Ok(None) };
+            if [b.rows, b.cols] != [*out, inp] {
+                return Err(ModelError::ShapeMismatch {
+                    tensor: name.clone(),
+                    expected: vec![*out, inp],
+                    got: vec![b.rows, b.cols],
+                });
+            }
+            if format.is_some_and(|f| f != b.format) {
+                return Ok(None);
+            }
+            format = Some(b.format);
+            rows += b.rows;
+            bytes.extend_from_slice(&b.bytes);
+        }
+        let Some(format) = format else { return Ok(None) };
+        let format = match format {
+            BlockFormat::Q8_0 => QuantFormat::Q8_0,
+            BlockFormat::Q4_0 => QuantFormat::Q4_0,
+            BlockFormat::Q4_1 => QuantFormat::Q4_1,
+        };
+        let what = names.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(" | ");
+        QuantMatrix::upload(format, rows, inp, &bytes, self.device)
+            .map(Some)
+            .map_err(|e| ModelError::Config(format!("weight `{what}`: {e}")))
     }
 
     /// Projections of the same input side by side: `parts` are `(prefix, out)`, each `[out, in]`
@@ -72,6 +127,20 @@ impl Loader<'_> {
     /// their biases, when `bias`, concatenated likewise).
     fn fused_linear(&mut self, parts: &[(String, usize)], inp: usize, bias: bool) -> Result<Linear> {
         let total: usize = parts.iter().map(|(_, out)| out).sum();
+        let names: Vec<(String, usize)> = parts.iter().map(|(p, out)| (format!("{p}.weight"), *out)).collect();
+        let quant = self.blocks(&names, inp)?;
+        let bias = if bias {
+            let mut all = Vec::with_capacity(total);
+            for (prefix, out) in parts {
+                all.extend(self.get(&format!("{prefix}.bias"), &[*out])?.data);
+            }
+            Some(Param::from_tensor(Tensor::from_data(TensorData::new(all, [total]), self.device)))
+        } else {
+            None
+        };
+        if quant.is_some() {
+            return Ok(Linear { weight: None, bias, quant });
+        }
         // Stacking `[out_i, in]` rows gives `[Σ out, in]`, whose transpose is the fused weight.
         let mut rows = Vec::with_capacity(total * inp);
         for (prefix, out) in parts {
@@ -82,16 +151,7 @@ impl Loader<'_> {
             self.device,
         ));
         drop(rows);
-        let bias = if bias {
-            let mut all = Vec::with_capacity(total);
-            for (prefix, out) in parts {
-                all.extend(self.get(&format!("{prefix}.bias"), &[*out])?.data);
-            }
-            Some(Param::from_tensor(Tensor::from_data(TensorData::new(all, [total]), self.device)))
-        } else {
-            None
-        };
-        Ok(Linear { weight, bias })
+        Ok(Linear::dense(weight, bias))
     }
 }
 
@@ -105,23 +165,46 @@ fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-/// Loads every weight of the decoder described by `source`'s config onto `device`.
+/// Loads every weight of the decoder described by `source`'s config onto `device`, with
+/// [`LoadOptions::from_env`].
 pub fn load_llama(source: &dyn WeightSource, device: &Device) -> Result<Llama> {
+    load_llama_with(source, device, LoadOptions::from_env())
+}
+
+/// [`load_llama`] with explicit options.
+pub fn load_llama_with(source: &dyn WeightSource, device: &Device, options: LoadOptions) -> Result<Llama> {
     let config = LlamaConfig::from(source.config());
     config.validate()?;
     let c = &config;
     let (h, d) = (c.hidden_size, c.head_dim);
-    let mut l = Loader { source, device };
+    let on_wgpu = kvslice_kernels::buffer_id(&Tensor::<1>::zeros([1], device)).is_some();
+    let mut l = Loader { source, device, quantized: options.quantized && on_wgpu };
 
-    let embed = l.get("model.embed_tokens.weight", &[c.vocab_size, h])?;
-    let lm_head = if c.tie_word_embeddings {
-        transpose(&embed.data, c.vocab_size, h)
-    } else {
-        let head = l.get("lm_head.weight", &[c.vocab_size, h])?;
-        transpose(&head.data, c.vocab_size, h)
+    let embed_name = "model.embed_tokens.weight".to_string();
+    let embed_quant = l.blocks(&[(embed_name.clone(), c.vocab_size)], h)?;
+    let (embed_tokens, lm_head) = match (&embed_quant, c.tie_word_embeddings) {
+        (Some(q), true) => (None, Linear { weight: None, bias: None, quant: Some(q.clone()) }),
+        (Some(_), false) => {
+            let head = l.fused_linear(&[("lm_head".to_string(), c.vocab_size)], h, false)?;
+            (None, head)
+        }
+        (None, tied) => {
+            let embed = l.get(&embed_name, &[c.vocab_size, h])?;
+            let head = if tied {
+                Linear::dense(
+                    Param::from_tensor(Tensor::from_data(
+                        TensorData::new(transpose(&embed.data, c.vocab_size, h), [h, c.vocab_size]),
+                        device,
+                    )),
+                    None,
+                )
+            } else {
+                l.fused_linear(&[("lm_head".to_string(), c.vocab_size)], h, false)?
+            };
+            let table = Param::from_tensor(Tensor::from_data(TensorData::new(embed.data, [c.vocab_size, h]), device));
+            (Some(table), head)
+        }
     };
-    let embed_tokens = Param::from_tensor(Tensor::from_data(TensorData::new(embed.data, [c.vocab_size, h]), device));
-    let lm_head = Param::from_tensor(Tensor::from_data(TensorData::new(lm_head, [h, c.vocab_size]), device));
 
     let mut layers = Vec::with_capacity(c.num_layers);
     for i in 0..c.num_layers {
@@ -154,7 +237,7 @@ pub fn load_llama(source: &dyn WeightSource, device: &Device) -> Result<Llama> {
         });
     }
     let norm = RmsNorm { weight: l.vector("model.norm.weight", h)?, eps: c.rms_norm_eps };
-    let weights = LlamaWeights { embed_tokens, layers, norm, lm_head };
+    let weights = LlamaWeights { embed_tokens, embed_quant, layers, norm, lm_head };
     Llama::new(config, weights, device.clone())
 }
 

@@ -35,13 +35,17 @@ impl RmsNorm {
     }
 }
 
-/// A dense projection `y = x W + b`.
+/// A dense projection `y = x W + b`, its weight either f32 or kept in the file's quantized
+/// blocks on a wgpu device (exactly one of the two).
 #[derive(Module, Debug)]
 pub struct Linear {
     /// `[d_in, d_out]`
-    pub weight: Param<Tensor<2>>,
+    pub weight: Option<Param<Tensor<2>>>,
     /// `[d_out]`
     pub bias: Option<Param<Tensor<1>>>,
+    /// `[d_out, d_in]` in blocks (see [`kvslice_kernels::QuantMatrix`]).
+    #[module(skip)]
+    pub quant: Option<kvslice_kernels::QuantMatrix>,
 }
 
 /// Up to this many rows, projections on a wgpu adapter use kvslice's skinny-product kernel
@@ -50,10 +54,37 @@ pub struct Linear {
 pub const SKINNY_ROWS: usize = 4;
 
 impl Linear {
+    /// An f32 projection.
+    pub fn dense(weight: Param<Tensor<2>>, bias: Option<Param<Tensor<1>>>) -> Self {
+        Linear { weight: Some(weight), bias, quant: None }
+    }
+
+    /// The weight as f32 `[d_in, d_out]`: the parameter, or the quantized blocks dequantized on
+    /// the device (a transient tensor, for prefill's matmul).
+    pub fn weight(&self) -> Result<Tensor<2>> {
+        match (&self.weight, &self.quant) {
+            (Some(w), _) => Ok(w.val()),
+            (None, Some(q)) => Ok(kvslice_kernels::dequantize(q, None, true)?),
+            (None, None) => Err(ModelError::Config("a projection without a weight".into())),
+        }
+    }
+
+    /// One row through the fused projection kernel of the weight's kind.
+    fn project(&self, x: &Tensor<2>, fusion: kvslice_kernels::Fusion<'_>) -> Result<Tensor<2>> {
+        let bias = self.bias.as_ref().map(|b| b.val());
+        Ok(match (&self.weight, &self.quant) {
+            (None, Some(q)) => kvslice_kernels::qproject(x, q, bias.as_ref(), fusion)?,
+            _ => kvslice_kernels::project(x, &self.weight()?, bias.as_ref(), fusion)?,
+        })
+    }
+
     /// # Shapes
     /// `x: [n, d_in]` → `[n, d_out]`
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
-        let y = x.matmul(self.weight.val());
+        // A quantized weight is only built for wgpu and its shapes were checked at load, so
+        // its dequantization cannot fail here.
+        let w = self.weight().expect("the projection's weight was checked at load");
+        let y = x.matmul(w);
         match &self.bias {
             Some(b) => y + b.val().unsqueeze::<2>(),
             None => y,
@@ -66,9 +97,15 @@ impl Linear {
     /// # Shapes
     /// `x: [n, d_in]` → `[n, d_out]`
     pub fn forward_on(&self, x: Tensor<2>, skinny_rows: usize) -> Tensor<2> {
-        if x.dims()[0] <= skinny_rows {
+        if x.dims()[0] == 1
+            && self.quant.is_some()
+            && let Ok(y) = self.project(&x, kvslice_kernels::Fusion::default())
+        {
+            return y;
+        }
+        if x.dims()[0] <= skinny_rows && self.quant.is_none() {
             let bias = self.bias.as_ref().map(|b| b.val());
-            match kvslice_kernels::linear(x.clone(), self.weight.val(), bias) {
+            match kvslice_kernels::linear(x.clone(), self.weight().expect("an f32 weight"), bias) {
                 Ok(y) => return y,
                 // The kernel validates before dispatching, so Burn's matmul can take over; the
                 // reason is printed once (shapes were validated at load, so it is a device or
@@ -127,12 +164,17 @@ pub struct DecoderLayer {
 /// The decoder's weights.
 #[derive(Module, Debug)]
 pub struct LlamaWeights {
-    /// `[vocab, hidden]`
-    pub embed_tokens: Param<Tensor<2>>,
+    /// `[vocab, hidden]` (f32; `None` when the table is kept quantized in `embed_quant`)
+    pub embed_tokens: Option<Param<Tensor<2>>>,
+    /// The table in its quantized blocks on a wgpu device (for a tied model also the output
+    /// head's weight: one copy on the device).
+    #[module(skip)]
+    pub embed_quant: Option<kvslice_kernels::QuantMatrix>,
     pub layers: Vec<DecoderLayer>,
     pub norm: RmsNorm,
-    /// `[hidden, vocab]`; for tied models a transposed copy of the embedding.
-    pub lm_head: Param<Tensor<2>>,
+    /// `[hidden, vocab]`; for tied models a transposed copy of the embedding, or with a
+    /// quantized embedding the same blocks.
+    pub lm_head: Linear,
 }
 
 /// Positions and RoPE tables for one forward call.
@@ -183,7 +225,7 @@ impl Llama {
             )));
         }
         let inv_freq = rope::inv_freq(&config);
-        let kernels = kvslice_kernels::buffer_id(&weights.lm_head.val()).is_some();
+        let kernels = kvslice_kernels::buffer_id(&weights.norm.weight.val()).is_some();
         let skinny_rows = if kernels { SKINNY_ROWS } else { 0 };
         let fused_decode = kernels;
         Ok(Self { config, weights, inv_freq, device, kernels, skinny_rows, fused_decode })
@@ -210,11 +252,24 @@ impl Llama {
         &self.device
     }
 
-    /// The bytes the weights take on the device (every parameter at its element size; a tied
-    /// model's output head is a second, transposed copy of the embedding).
+    /// The bytes the weights take on the device: every f32 parameter at its element size (a
+    /// tied model's f32 output head is a second, transposed copy of the embedding) and every
+    /// quantized matrix at its real size (a tied head shares the embedding's blocks).
     pub fn device_bytes(&self) -> u64 {
-        let element = self.weights.embed_tokens.val().dtype().size() as u64;
-        self.weights.num_params() as u64 * element
+        let element = self.weights.norm.weight.val().dtype().size() as u64;
+        let w = &self.weights;
+        let mut quant: Vec<&kvslice_kernels::QuantMatrix> = w.embed_quant.iter().collect();
+        for l in &w.layers {
+            let (a, m) = (&l.self_attn, &l.mlp);
+            for p in [&a.qkv_proj, &a.o_proj, &m.gate_up_proj, &m.down_proj] {
+                quant.extend(p.quant.as_ref());
+            }
+        }
+        let shared = self.config.tie_word_embeddings && w.embed_quant.is_some();
+        if !shared {
+            quant.extend(w.lm_head.quant.as_ref());
+        }
+        w.num_params() as u64 * element + quant.iter().map(|q| q.device_bytes()).sum::<u64>()
     }
 
     /// Runs `tokens` (at source `positions`) through the decoder, appending their keys and
@@ -241,7 +296,11 @@ impl Llama {
             &self.device,
         );
         let embed = kvslice_kernels::dispatch::scope("embed");
-        let mut x = self.weights.embed_tokens.val().select(0, ids);
+        let mut x = match (&self.weights.embed_tokens, &self.weights.embed_quant) {
+            (Some(table), _) => table.val().select(0, ids),
+            (None, Some(q)) => kvslice_kernels::dequantize(q, Some(tokens), false)?,
+            (None, None) => return Err(ModelError::Config("no embedding table".into())),
+        };
 
         let half = self.config.head_dim / 2;
         let (cos, sin) = rope::tables(&self.inv_freq, positions);
@@ -274,12 +333,11 @@ impl Llama {
     /// # Shapes
     /// `x: [1, hidden]`, `positions: [1]` → `[1, hidden]`
     fn decode_fused(&self, mut x: Tensor<2>, positions: &[u32], cache: &mut impl KvStore) -> Result<Tensor<2>> {
-        use kvslice_kernels::{Fusion, project, rms_norm, rope_split};
+        use kvslice_kernels::{Fusion, rms_norm, rope_split};
         let (cos, sin) = rope::tables(&self.inv_freq, positions);
         let half = cos.len();
         let cos = Tensor::<1>::from_data(TensorData::new(cos, [half]), &self.device);
         let sin = Tensor::<1>::from_data(TensorData::new(sin, [half]), &self.device);
-        let bias = |l: &Linear| l.bias.as_ref().map(|b| b.val());
         for (index, layer) in self.weights.layers.iter().enumerate() {
             let _layer = kvslice_kernels::dispatch::scope("layer");
             let attn = &layer.self_attn;
@@ -287,22 +345,22 @@ impl Llama {
             let norm = &layer.input_layernorm;
             let (g, eps) = (norm.weight.val(), norm.eps as f32);
             let qkv_fusion = Fusion { norm: Some((&g, eps)), ..Default::default() };
-            let qkv = project(&x, &attn.qkv_proj.weight.val(), bias(&attn.qkv_proj).as_ref(), qkv_fusion)?;
+            let qkv = attn.qkv_proj.project(&x, qkv_fusion)?;
             let row = rope_split(&qkv, &cos, &sin, heads, kv_heads, d)?;
             let (q, q_raw) = (row.q.reshape([heads, 1, d]), row.q_raw.reshape([heads, 1, d]));
             cache.append(index, row.k.reshape([kv_heads, 1, d]), row.v.reshape([kv_heads, 1, d]), positions)?;
             let out = self.attend(index, attn, q.clone(), positions, cache)?;
             cache.observe_queries(index, &q, &q_raw)?;
             let o_fusion = Fusion { residual: Some(&x), ..Default::default() };
-            x = project(&out, &attn.o_proj.weight.val(), bias(&attn.o_proj).as_ref(), o_fusion)?;
+            x = attn.o_proj.project(&out, o_fusion)?;
 
             let norm = &layer.post_attention_layernorm;
             let (g, eps) = (norm.weight.val(), norm.eps as f32);
             let (gate_up, down) = (&layer.mlp.gate_up_proj, &layer.mlp.down_proj);
             let mlp_fusion = Fusion { norm: Some((&g, eps)), swiglu: true, ..Default::default() };
-            let inner = project(&x, &gate_up.weight.val(), bias(gate_up).as_ref(), mlp_fusion)?;
+            let inner = gate_up.project(&x, mlp_fusion)?;
             let down_fusion = Fusion { residual: Some(&x), ..Default::default() };
-            x = project(&inner, &down.weight.val(), bias(down).as_ref(), down_fusion)?;
+            x = down.project(&inner, down_fusion)?;
         }
         let _head = kvslice_kernels::dispatch::scope("head");
         let norm = &self.weights.norm;
@@ -348,7 +406,14 @@ impl Llama {
     /// `hidden: [n, hidden]` → `[n, vocab]`
     pub fn logits(&self, hidden: Tensor<2>) -> Tensor<2> {
         let _head = kvslice_kernels::dispatch::scope("head");
-        let head = Linear { weight: self.weights.lm_head.clone(), bias: None };
+        let head = &self.weights.lm_head;
+        let rows = hidden.dims()[0];
+        if rows > 1 && head.quant.is_some() {
+            // Prefill's logits: each row through the quantized head rather than a
+            // transient f32 copy of it (the vocabulary is the largest matrix).
+            let out: Vec<Tensor<2>> = (0..rows).map(|r| head.forward_on(hidden.clone().narrow(0, r, 1), 1)).collect();
+            return Tensor::cat(out, 0);
+        }
         head.forward_on(hidden, self.skinny_rows)
     }
 

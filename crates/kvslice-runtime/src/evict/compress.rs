@@ -275,7 +275,7 @@ pub fn value_proj_l1(model: &Llama, layer: usize, values: Tensor<3>) -> Tensor<2
     let (heads, d) = (attn.num_heads, attn.head_dim);
     let [kv_heads, n, _] = values.dims();
     let group = heads / kv_heads;
-    let w = attn.o_proj.weight.val(); // [heads·d, hidden]
+    let w = attn.o_proj.weight().expect("the weight was checked at load"); // [heads·d, hidden]
     let hidden = w.dims()[1];
     let w = w.reshape([heads, d, hidden]);
     let v = values.unsqueeze_dim::<4>(1).expand([kv_heads, group, n, d]).reshape([heads, n, d]);
