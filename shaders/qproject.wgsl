@@ -3,21 +3,23 @@
 // file's 2 or 4), never an f32 copy.
 //
 // Layout of `w` (u32 words; crates/kvslice-kernels/src/quant.rs packs it at load): the weight
-// is `rows` rows (output features) of `nb` blocks of 32 values (input features). First the
-// blocks' values, row after row, block after block: 8 words per Q8_0 block (four signed bytes
-// each, value 4i + j in byte j of word i), 4 words per Q4 block (word i holds values 4i + j in
-// the low nibble of its byte j and 16 + 4i + j in the high nibble). Then, from word `meta_at`,
-// one word per block in the same order: its f16 scale d in the low half and, for Q4_1, its f16
-// minimum m in the high half. Value = d·q (Q8_0), d·(q − 8) (Q4_0), d·q + m (Q4_1).
+// is `w_rows` rows (output features) of `nb` blocks of 32 values (input features), stored
+// block-column-major so that adjacent rows are adjacent words: word `i` of block `blk` of row
+// `r` is at (blk · VW + i) · w_rows + r, VW = 8 words per Q8_0 block (four signed bytes each,
+// value 4i + j in byte j of word i), 4 per Q4 block (word i holds values 4i + j in the low
+// nibble of its byte j and 16 + 4i + j in the high nibble). Then, from word `meta_at`, the
+// headers at meta_at + blk · w_rows + r: the f16 scale d in the low half and, for Q4_1, the
+// f16 minimum m in the high half. Value = d·q (Q8_0), d·(q − 8) (Q4_0), d·q + m (Q4_1).
 //
 // `project` — one row x through the weight, with project.wgsl's prologue and epilogues:
 //   y_r = epilogue(Σ_k prologue(x)_k · W_rk + b_r); RMSNorm prologue (bit 1), bias (bit 0),
 //   residual (bit 2), SwiGLU (bit 3: rows r and r + up_at are gate and up, y = silu(g)·u).
-//   A workgroup computes ROWS rows with TPR invocations per row, each over every TPR-th block;
-//   the partial sums meet in workgroup memory.
+//   One invocation per output row over every block: adjacent invocations read adjacent words
+//   (coalesced) and the same x (a broadcast), as project.wgsl does for f32 columns.
 // `dequant` — rows of the weight as f32: output row i is weight row ids[i] (bit 4 clear) or
-//   row i (bit 4 set: every row); bit 5 writes the transpose ([d_in, rows], a matmul's weight).
-//   One invocation per output value, over a 2-D grid of workgroups (`groups_x` wide).
+//   row i (bit 4 set: every row); bit 5 writes the transpose ([d_in, rows], a matmul's weight,
+//   adjacent invocations taking adjacent rows). One invocation per output value, over a 2-D
+//   grid of workgroups (`groups_x` wide).
 //
 // Rust wrapper and semantics: crates/kvslice-kernels/src/quant.rs.
 
@@ -35,6 +37,8 @@ struct Params {
     meta_at: u32,
     // SwiGLU: row offset of the up half
     up_at: u32,
+    // rows of the weight (the stride of its block-column-major layout)
+    w_rows: u32,
     // workgroups along x (dequant's 2-D grid)
     groups_x: u32,
     // RMSNorm ε
@@ -53,12 +57,8 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
 
 const WG: u32 = {{ wg }}u;
-const TPR: u32 = {{ tpr }}u;
-const ROWS: u32 = WG / TPR;
 
 var<workgroup> partial: array<f32, WG>;
-var<workgroup> part_g: array<f32, WG>;
-var<workgroup> part_u: array<f32, WG>;
 
 fn has(bit: u32) -> bool { return (prm.flags & bit) != 0u; }
 
@@ -80,9 +80,9 @@ fn half(bits: u32) -> f32 {
     return select(v, -v, (bits & 32768u) != 0u);
 }
 
-// (d, m) of block `b` (global block index); Q4_0's offset of 8 folds into m = −8·d.
-fn header(b: u32) -> vec2<f32> {
-    let word = w[prm.meta_at + b];
+// (d, m) of block `blk` of row `row`; Q4_0's offset of 8 folds into m = −8·d.
+fn header(row: u32, blk: u32) -> vec2<f32> {
+    let word = w[prm.meta_at + blk * prm.w_rows + row];
     let h = vec2<f32>(half(word & 65535u), half(word >> 16u));
     if prm.kind == 0u {
         return vec2<f32>(h.x, 0.0);
@@ -91,6 +91,11 @@ fn header(b: u32) -> vec2<f32> {
         return vec2<f32>(h.x, -8.0 * h.x);
     }
     return h;
+}
+
+// Word `i` of block `blk` of row `row`.
+fn value_word(row: u32, blk: u32, i: u32) -> u32 {
+    return w[(blk * block_words() + i) * prm.w_rows + row];
 }
 
 fn q8(word: u32) -> vec4<f32> {
@@ -126,20 +131,18 @@ fn xin(k: u32, norm: bool) -> vec4<f32> {
 
 // Σ_j xin_j · value_j over block `blk` of weight row `row`.
 fn block_dot(row: u32, blk: u32, norm: bool) -> f32 {
-    let b = row * prm.nb + blk;
-    let hd = header(b);
-    let base = b * block_words();
+    let hd = header(row, blk);
     let k0 = blk * 32u;
     var dq = vec4<f32>(0.0);
     var sx = vec4<f32>(0.0);
     if prm.kind == 0u {
         for (var i = 0u; i < 8u; i++) {
             let xv = xin(k0 + 4u * i, norm);
-            dq += xv * q8(w[base + i]);
+            dq += xv * q8(value_word(row, blk, i));
         }
     } else {
         for (var i = 0u; i < 4u; i++) {
-            let word = w[base + i];
+            let word = value_word(row, blk, i);
             let xl = xin(k0 + 4u * i, norm);
             let xh = xin(k0 + 16u + 4u * i, norm);
             dq += xl * lo4(word) + xh * hi4(word);
@@ -173,46 +176,35 @@ fn {{ entry_project }}(
     @builtin(local_invocation_index) lid: u32,
 ) {
     _ = touch_bindings();
+    // Every invocation takes part in the reduction (it holds barriers), normed or not.
+    let inv = inv_rms(lid);
+    let row = (wid.y * prm.groups_x + wid.x) * WG + lid;
+    if row >= prm.rows {
+        return;
+    }
     let norm = has(2u);
-    let scale = select(1.0, inv_rms(lid), norm);
-    let slot = lid / TPR;
-    let t = lid % TPR;
-    let row = (wid.y * prm.groups_x + wid.x) * ROWS + slot;
-    let live = row < prm.rows;
-    let swiglu = has(8u);
-    var g = 0.0;
-    var u = 0.0;
-    if live {
-        for (var blk = t; blk < prm.nb; blk += TPR) {
+    let scale = select(1.0, inv, norm);
+    if has(8u) {
+        var g = 0.0;
+        var u = 0.0;
+        for (var blk = 0u; blk < prm.nb; blk++) {
             g += block_dot(row, blk, norm);
-            if swiglu {
-                u += block_dot(row + prm.up_at, blk, norm);
-            }
+            u += block_dot(row + prm.up_at, blk, norm);
         }
-    }
-    part_g[lid] = g;
-    part_u[lid] = u;
-    workgroupBarrier();
-    if !live || t != 0u {
-        return;
-    }
-    var sg = 0.0;
-    var su = 0.0;
-    for (var i = 0u; i < TPR; i++) {
-        sg += part_g[lid + i];
-        su += part_u[lid + i];
-    }
-    if swiglu {
-        var gv = sg * scale;
-        var uv = su * scale;
+        g *= scale;
+        u *= scale;
         if has(1u) {
-            gv += bias[row];
-            uv += bias[row + prm.up_at];
+            g += bias[row];
+            u += bias[row + prm.up_at];
         }
-        y[row] = gv / (1.0 + exp(-gv)) * uv;
+        y[row] = g / (1.0 + exp(-g)) * u;
         return;
     }
-    var out = sg * scale;
+    var acc = 0.0;
+    for (var blk = 0u; blk < prm.nb; blk++) {
+        acc += block_dot(row, blk, norm);
+    }
+    var out = acc * scale;
     if has(1u) {
         out += bias[row];
     }
@@ -234,27 +226,25 @@ fn {{ entry_dequant }}(
     if e >= n * din {
         return;
     }
-    let i = e / din;
-    let k = e % din;
+    // output [n, d_in] (e = i · d_in + k) or its transpose [d_in, n] (e = k · n + i)
+    var i = e / din;
+    var k = e % din;
+    if has(32u) {
+        i = e % n;
+        k = e / n;
+    }
     let row = select(prm.ids[i], i, has(16u));
     let blk = k / 32u;
     let j = k % 32u;
-    let b = row * prm.nb + blk;
-    let hd = header(b);
-    let base = b * block_words();
+    let hd = header(row, blk);
     var q: f32;
     if prm.kind == 0u {
-        let word = w[base + j / 4u];
+        let word = value_word(row, blk, j / 4u);
         q = f32(bitcast<i32>(word << (24u - 8u * (j % 4u))) >> 24u);
     } else {
-        let word = w[base + (j % 16u) / 4u];
+        let word = value_word(row, blk, (j % 16u) / 4u);
         let shift = 8u * (j % 4u) + select(0u, 4u, j >= 16u);
         q = f32((word >> shift) & 15u);
     }
-    let v = hd.x * q + hd.y;
-    if has(32u) {
-        y[k * n + i] = v;
-    } else {
-        y[e] = v;
-    }
+    y[e] = hd.x * q + hd.y;
 }

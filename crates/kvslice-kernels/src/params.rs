@@ -126,6 +126,8 @@ pub(crate) struct QProjectParams {
     pub meta_at: u32,
     /// SwiGLU: row offset of the up half.
     pub up_at: u32,
+    /// Rows of the weight (its layout's stride).
+    pub w_rows: u32,
     /// Workgroups along x.
     pub groups_x: u32,
     /// RMSNorm ε.
@@ -169,7 +171,7 @@ pub fn layout(family: Family) -> Option<Layout> {
         Family::Project | Family::Project4 => layout_of!(ProjectParams { d_in, cols, w_stride, flags, eps }),
         Family::Step => layout_of!(StepParams { heads, kv_heads, head_dim, width, eps }),
         Family::QProject => layout_of!(
-            QProjectParams { d_in, rows, nb, kind, flags, meta_at, up_at, groups_x, eps },
+            QProjectParams { d_in, rows, nb, kind, flags, meta_at, up_at, w_rows, groups_x, eps },
             tail "ids"
         ),
     })

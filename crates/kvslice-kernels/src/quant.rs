@@ -3,7 +3,9 @@
 //! A GGUF Q8_0, Q4_0 or Q4_1 matrix is uploaded as its blocks ([`QuantMatrix::upload`]): the
 //! values' bytes unchanged, each block's f16 header widened to one 4-byte word (so every load
 //! is word-aligned): 36 bytes per 32 values for Q8_0 (34 in the file), 20 for Q4_0 (18) and
-//! 20 for Q4_1 (20). [`qproject`] runs one row through it with [`project`](crate::project)'s
+//! 20 for Q4_1 (20). The words are stored block-column-major (word `i` of block `b` of every
+//! row side by side), so the invocations of a workgroup, one per output row, read adjacent
+//! words: the access pattern of the f32 projection's `[d_in, d_out]` layout. [`qproject`] runs one row through it with [`project`](crate::project)'s
 //! prologue and epilogues, dequantizing in registers; [`dequantize`] writes rows of it as f32
 //! (the embedding's gather, or the transposed matrix a prefill's matmul takes, one layer's
 //! at a time).
@@ -14,7 +16,7 @@ use crate::error::{KernelError, Result};
 use crate::fused::Fusion;
 use crate::gpu::{self, Gpu, bind};
 use crate::params::QProjectParams;
-use crate::shader::{Family, QPROJECT_TPR, QPROJECT_WG};
+use crate::shader::{Family, QPROJECT_WG};
 
 /// Block formats [`QuantMatrix`] takes (GGUF's layouts, 32 values per block).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -81,7 +83,8 @@ fn f16_non_finite(bits: u16) -> bool {
 }
 
 /// The device layout of `bytes` (`rows · cols / 32` blocks in the file's layout, row after
-/// row): every block's values, then every block's header word, in block order.
+/// row): every block's value words, word `i` of block `b` of row `r` at `(b·VW + i)·rows + r`
+/// (`VW` = 8 for Q8_0, 4 for Q4), then every block's header word at `blocks·VW + b·rows + r`.
 pub fn pack_blocks(format: QuantFormat, rows: usize, cols: usize, bytes: &[u8]) -> Result<Vec<u32>> {
     for (what, v) in [("rows", rows), ("cols", cols)] {
         if v == 0 {
@@ -108,15 +111,17 @@ pub fn pack_blocks(format: QuantFormat, rows: usize, cols: usize, bytes: &[u8]) 
     let mut out = vec![0u32; total];
     let (values, headers) = out.split_at_mut(blocks * vw);
     let hb = format.header_bytes();
+    let nb = cols / QuantFormat::VALUES;
     for (b, block) in bytes.chunks_exact(bb).enumerate() {
+        let (row, blk) = (b / nb, b % nb);
         let d = u16::from_le_bytes([block[0], block[1]]);
         let m = if hb == 4 { u16::from_le_bytes([block[2], block[3]]) } else { 0 };
         if f16_non_finite(d) || f16_non_finite(m) {
-            return Err(KernelError::NonFiniteBlock { block: b, row: b / (cols / QuantFormat::VALUES) });
+            return Err(KernelError::NonFiniteBlock { block: b, row });
         }
-        headers[b] = u32::from(d) | (u32::from(m) << 16);
+        headers[blk * rows + row] = u32::from(d) | (u32::from(m) << 16);
         for (i, word) in block[hb..].chunks_exact(4).enumerate() {
-            values[b * vw + i] = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+            values[(blk * vw + i) * rows + row] = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
         }
     }
     Ok(out)
@@ -166,6 +171,7 @@ impl QuantMatrix {
             flags,
             meta_at: (self.blocks() * self.format.value_words()) as u32,
             up_at: up_at as u32,
+            w_rows: self.rows as u32,
             groups_x,
             eps,
         }
@@ -211,7 +217,7 @@ pub fn qproject(
     if let Some(r) = fusion.residual {
         gpu::expect_shape("residual", &r.dims(), &[1, d_out])?;
     }
-    let (gx, gy) = grid(d_out.div_ceil((QPROJECT_WG / QPROJECT_TPR) as usize))?;
+    let (gx, gy) = grid(d_out.div_ceil(QPROJECT_WG as usize))?;
 
     let wp = gpu::int_input("blocks", &weight.words)?;
     let xp = gpu::float_input("x", x)?;

@@ -34,8 +34,6 @@ pub(crate) const LINEAR_WG: u32 = 64;
 pub(crate) const PROJECT_WG: u32 = 64;
 pub(crate) const STEP_WG: u32 = 64;
 pub(crate) const QPROJECT_WG: u32 = 64;
-/// Invocations per weight row in `qproject.wgsl`'s `project`.
-pub(crate) const QPROJECT_TPR: u32 = 8;
 
 /// One WGSL file of `shaders/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -148,7 +146,7 @@ impl Family {
             Family::Linear | Family::Linear4 => vec![("wg", LINEAR_WG)],
             Family::Project | Family::Project4 => vec![("wg", PROJECT_WG)],
             Family::Step => vec![("wg", STEP_WG)],
-            Family::QProject => vec![("wg", QPROJECT_WG), ("tpr", QPROJECT_TPR)],
+            Family::QProject => vec![("wg", QPROJECT_WG)],
         }
     }
 
