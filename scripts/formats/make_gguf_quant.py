@@ -1,5 +1,5 @@
-"""Write a small GGUF with one tensor per supported ggml type and the f32 values
-gguf-py dequantizes them to.
+"""Write a small GGUF with one tensor per supported ggml type (F32, F16, BF16, Q8_0, Q4_0,
+Q4_1, Q4_K, Q5_K, Q6_K) and the f32 values gguf-py dequantizes them to.
 
 Outputs (tests/golden/gguf-quant/):
   quant.gguf      written by gguf.GGUFWriter (GGUF v3, alignment 32)
@@ -50,6 +50,14 @@ def main() -> None:
         ("t_q5_0", T.Q5_0, (2, 32)),
     ]
 
+    # K-quants: gguf-py dequantizes them but does not quantize, so their blocks are random
+    # bytes with finite f16 scales (d, dmin for Q4_K/Q5_K at bytes 0..4; d for Q6_K at its end)
+    k_tensors = [
+        ("t_q4_k", T.Q4_K, (2, 512), 144, [0, 2]),
+        ("t_q5_k", T.Q5_K, (3, 256), 176, [0, 2]),
+        ("t_q6_k", T.Q6_K, (2, 256), 210, [208]),
+    ]
+
     w = gguf.GGUFWriter(str(out / "quant.gguf"), arch="llama")
     w.add_string("test.string", "héllo ✓")
     w.add_uint8("test.u8", 200)
@@ -74,6 +82,18 @@ def main() -> None:
         assert deq.shape == shape, (name, deq.shape, shape)
         if qtype != T.Q5_0:
             expected[name] = np.ascontiguousarray(deq)
+    for name, qtype, shape, block_bytes, halves in k_tensors:
+        rows, cols = shape
+        raw = rng.integers(0, 256, size=(rows, cols // 256 * block_bytes), dtype=np.uint8)
+        blocks = raw.reshape(-1, block_bytes)
+        for at in halves:
+            h = (rng.standard_normal(blocks.shape[0]) * 0.05).astype(np.float16)
+            blocks[:, at:at + 2] = h.view(np.uint8).reshape(-1, 2)
+        w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
+        deq = gguf.quants.dequantize(raw, qtype).astype(np.float32)
+        assert deq.shape == shape, (name, deq.shape, shape)
+        assert np.isfinite(deq).all(), name
+        expected[name] = np.ascontiguousarray(deq)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -65,7 +65,9 @@ pub enum FormatError {
     UnknownGgmlType { tensor: String, type_id: u32 },
 
     /// A known ggml type that cannot be dequantized by this crate.
-    #[error("tensor {tensor:?}: ggml type {type_name} is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)")]
+    #[error(
+        "tensor {tensor:?}: ggml type {type_name} is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)"
+    )]
     UnsupportedGgmlType { tensor: String, type_name: &'static str },
 
     /// The row length is not a multiple of the quantization block size.

@@ -73,19 +73,22 @@ fn golden_tensor_infos() {
             ("t_q4_1_1d", GgmlType::Q4_1, vec![128]),
             ("t_q8_0_3d", GgmlType::Q8_0, vec![2, 3, 32]),
             ("t_q5_0", GgmlType::Q5_0, vec![2, 32]),
+            ("t_q4_k", GgmlType::Q4_K, vec![2, 512]),
+            ("t_q5_k", GgmlType::Q5_K, vec![3, 256]),
+            ("t_q6_k", GgmlType::Q6_K, vec![2, 256]),
         ]
     );
     let abs: Vec<u64> = f.tensors().iter().map(|t| f.data_start() + t.offset).collect();
-    assert_eq!(abs, [928, 1024, 1312, 1728, 2144, 2368, 2592, 2688, 2912]);
+    assert_eq!(abs, [1056, 1152, 1440, 1856, 2272, 2496, 2720, 2816, 3040, 3104, 3680, 4224]);
     let sizes: Vec<u64> = f.tensors().iter().map(|t| t.n_bytes).collect();
-    assert_eq!(sizes, [84, 264, 400, 408, 216, 200, 80, 204, 44]);
+    assert_eq!(sizes, [84, 264, 400, 408, 216, 200, 80, 204, 44, 576, 528, 420]);
 }
 
 #[test]
 fn dequantize_matches_gguf_py_exactly() {
     let f = GgufFile::parse(quant_bytes()).unwrap();
     let expected = expected_tensors("gguf-quant/expected.safetensors");
-    assert_eq!(expected.len(), 8);
+    assert_eq!(expected.len(), 11);
     for (name, shape, want) in expected {
         let info = f.tensor_info(&name).unwrap();
         assert_eq!(info.shape(), shape, "{name}");

@@ -179,7 +179,15 @@ impl GgmlType {
     pub fn is_supported(self) -> bool {
         matches!(
             self,
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1
+            GgmlType::F32
+                | GgmlType::F16
+                | GgmlType::BF16
+                | GgmlType::Q8_0
+                | GgmlType::Q4_0
+                | GgmlType::Q4_1
+                | GgmlType::Q4_K
+                | GgmlType::Q5_K
+                | GgmlType::Q6_K
         )
     }
 }
@@ -241,9 +249,73 @@ pub fn dequantize_into(tensor: &str, ty: GgmlType, bytes: &[u8], n_elements: usi
                 out.extend(qs.iter().map(|&q| d * f32::from(q >> 4) + m));
             }
         }
+        GgmlType::Q4_K => {
+            for b in bytes.chunks_exact(144) {
+                let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+                let (sc, m) = k_scales(&b[4..16]);
+                for (sub, chunk) in b[16..144].chunks_exact(32).enumerate() {
+                    for half in 0..2 {
+                        let i = 2 * sub + half;
+                        let (ds, dm) = (d * f32::from(sc[i]), dmin * f32::from(m[i]));
+                        out.extend(chunk.iter().map(|&q| ds * f32::from((q >> (4 * half)) & 0x0f) - dm));
+                    }
+                }
+            }
+        }
+        GgmlType::Q5_K => {
+            for b in bytes.chunks_exact(176) {
+                let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+                let (sc, m) = k_scales(&b[4..16]);
+                let qh = &b[16..48];
+                for (sub, chunk) in b[48..176].chunks_exact(32).enumerate() {
+                    for half in 0..2 {
+                        let i = 2 * sub + half;
+                        let (ds, dm) = (d * f32::from(sc[i]), dmin * f32::from(m[i]));
+                        out.extend(chunk.iter().zip(qh).map(|(&q, &h)| {
+                            let q = ((q >> (4 * half)) & 0x0f) | (((h >> i) & 1) << 4);
+                            ds * f32::from(q) - dm
+                        }));
+                    }
+                }
+            }
+        }
+        GgmlType::Q6_K => {
+            for b in bytes.chunks_exact(210) {
+                let (ql, qh, scales) = (&b[..128], &b[128..192], &b[192..208]);
+                let d = f16_at(b, 208);
+                for half in 0..2 {
+                    let (ql, qh) = (&ql[64 * half..64 * (half + 1)], &qh[32 * half..32 * (half + 1)]);
+                    // groups of 32: low nibbles of ql[0..32] and ql[32..64], then their high
+                    // nibbles; bits 2g..2g+2 of qh give group g its top two bits
+                    for g in 0..4 {
+                        let low = &ql[32 * (g % 2)..32 * (g % 2 + 1)];
+                        for (l, (&q, &h)) in low.iter().zip(qh).enumerate() {
+                            let q = ((q >> (4 * (g / 2))) & 0x0f) | (((h >> (2 * g)) & 3) << 4);
+                            // one signed scale per 16 values of the block
+                            let scale = scales[(128 * half + 32 * g + l) / 16] as i8;
+                            out.push(d * f32::from(scale) * f32::from(q as i8 - 32));
+                        }
+                    }
+                }
+            }
+        }
         _ => unreachable!("is_supported() checked above"),
     }
     Ok(())
+}
+
+/// The eight 6-bit (scale, min) pairs of a Q4_K/Q5_K block's 12 scale bytes (ggml's
+/// `get_scale_min_k4`): pairs 0–3 are the low 6 bits of bytes 0–3 and 4–7; pairs 4–7 take
+/// their low 4 bits from the nibbles of bytes 8–11 and their top 2 bits from bytes 0–7.
+fn k_scales(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+    for j in 0..4 {
+        sc[j] = s[j] & 0x3f;
+        m[j] = s[j + 4] & 0x3f;
+        sc[j + 4] = (s[j + 8] & 0x0f) | ((s[j] >> 6) << 4);
+        m[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+    }
+    (sc, m)
 }
 
 #[cfg(test)]
@@ -268,6 +340,46 @@ mod tests {
         for j in 0..16 {
             assert_eq!(out[j], 0.5 * j as f32 - 1.0);
             assert_eq!(out[j + 16], 0.5 * (15 - j) as f32 - 1.0);
+        }
+    }
+
+    #[test]
+    fn q4_k_hand_block_unpacks_its_six_bit_scales() {
+        // scales 0–3 and mins 0–3 in the low 6 bits of bytes 0–7; scales and mins 4–7 from
+        // the nibbles of bytes 8–11 with their top two bits from bytes 0–3 and 4–7
+        let scales = [1 | (1 << 6), 2, 3, 4, 5 | (2 << 6), 6, 7, 8, 0x21, 0x43, 0x65, 0x87];
+        let sc = [1.0f32, 2.0, 3.0, 4.0, 1.0 + 16.0, 3.0, 5.0, 7.0];
+        let m = [5.0f32, 6.0, 7.0, 8.0, 2.0 + 32.0, 4.0, 6.0, 8.0];
+        let mut b = Vec::new();
+        b.extend(f16b(1.0));
+        b.extend(f16b(0.5));
+        b.extend(scales);
+        // every byte: low nibble 1 (even sub-blocks), high nibble 3 (odd ones)
+        b.extend([0x31u8; 128]);
+        let mut out = Vec::new();
+        dequantize_into("t", GgmlType::Q4_K, &b, 256, &mut out).unwrap();
+        for i in 0..8 {
+            let q = if i % 2 == 0 { 1.0 } else { 3.0 };
+            let want = sc[i] * q - 0.5 * m[i];
+            assert!(out[32 * i..32 * (i + 1)].iter().all(|&x| x == want), "sub-block {i}: {want}");
+        }
+    }
+
+    #[test]
+    fn q6_k_hand_block() {
+        // ql: low nibble 5, high nibble 2; qh: groups 0..3 get top bits 0, 1, 2, 3
+        // (0b11_10_01_00); scales 1..=16; d = 0.25
+        let mut b = vec![0x25u8; 128];
+        b.extend([0b1110_0100u8; 64]);
+        b.extend(1u8..=16);
+        b.extend(f16b(0.25));
+        let mut out = Vec::new();
+        dequantize_into("t", GgmlType::Q6_K, &b, 256, &mut out).unwrap();
+        for (v, &x) in out.iter().enumerate() {
+            let g = (v % 128) / 32;
+            let low = if g < 2 { 5 } else { 2 };
+            let q = (low | (g << 4)) as f32 - 32.0;
+            assert_eq!(x, 0.25 * (v / 16 + 1) as f32 * q, "value {v}");
         }
     }
 
@@ -304,10 +416,10 @@ mod tests {
             dequantize_into("t", GgmlType::Q8_0, &[0u8; 33], 32, &mut out),
             Err(FormatError::DataOutOfBounds { .. })
         ));
-        match dequantize_into("w", GgmlType::Q6_K, &[0u8; 210], 256, &mut out) {
+        match dequantize_into("w", GgmlType::Q3_K, &[0u8; 110], 256, &mut out) {
             Err(FormatError::UnsupportedGgmlType { tensor, type_name }) => {
                 assert_eq!(tensor, "w");
-                assert_eq!(type_name, "Q6_K");
+                assert_eq!(type_name, "Q3_K");
             }
             other => panic!("{other:?}"),
         }
