@@ -113,7 +113,11 @@ fn {{ entry_project }}(
         }
         g = g * scale + bias_at(col);
         u = u * scale + bias_at(col + nc);
-        y[col] = g / (V(1.0) + exp(-g)) * u;
+        var gated = g / (V(1.0) + exp(-g)) * u;
+        if has(4u) {
+            gated += res[col];
+        }
+        y[col] = gated;
         return;
     }
     var acc = V(0.0);
