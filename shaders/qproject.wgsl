@@ -1,15 +1,17 @@
-// Projections over weights kept in their quantized blocks (GGUF Q8_0, Q4_0, Q4_1), dequantized
-// in registers: the file's bytes are the device's bytes (a 4-byte block header instead of the
-// file's 2 or 4), never an f32 copy.
+// Projections over weights kept in their quantized blocks (GGUF Q8_0, Q4_0, Q4_1) or as 16-bit
+// floats (F16, BF16), dequantized in registers: the file's bytes are the device's bytes (a
+// 4-byte block header instead of the file's 2 or 4), never an f32 copy.
 //
 // Layout of `w` (u32 words; crates/kvslice-kernels/src/quant.rs packs it at load): the weight
 // is `w_rows` rows (output features) of `nb` blocks of 32 values (input features), stored
 // block-column-major so that adjacent rows are adjacent words: word `i` of block `blk` of row
 // `r` is at (blk · VW + i) · w_rows + r, VW = 8 words per Q8_0 block (four signed bytes each,
 // value 4i + j in byte j of word i), 4 per Q4 block (word i holds values 4i + j in the low
-// nibble of its byte j and 16 + 4i + j in the high nibble). Then, from word `meta_at`, the
-// headers at meta_at + blk · w_rows + r: the f16 scale d in the low half and, for Q4_1, the
-// f16 minimum m in the high half. Value = d·q (Q8_0), d·(q − 8) (Q4_0), d·q + m (Q4_1).
+// nibble of its byte j and 16 + 4i + j in the high nibble), 16 per F16/BF16 block (values 2i
+// and 2i + 1 in the low and high halves of word i). Then, from word `meta_at`, the headers at
+// meta_at + blk · w_rows + r (none for F16/BF16): the f16 scale d in the low half and, for
+// Q4_1, the f16 minimum m in the high half. Value = d·q (Q8_0), d·(q − 8) (Q4_0), d·q + m
+// (Q4_1), the 16-bit float itself (F16, BF16).
 //
 // `project` — one row x through the weight, with project.wgsl's prologue and epilogues:
 //   y_r = epilogue(Σ_k prologue(x)_k · W_rk + b_r); RMSNorm prologue (bit 1), bias (bit 0),
@@ -29,7 +31,7 @@ struct Params {
     rows: u32,
     // blocks per weight row
     nb: u32,
-    // 0: Q8_0, 1: Q4_0, 2: Q4_1
+    // 0: Q8_0, 1: Q4_0, 2: Q4_1, 3: F16, 4: BF16
     kind: u32,
     // bit 0: bias, 1: RMSNorm, 2: residual, 3: SwiGLU, 4: every row, 5: transpose
     flags: u32,
@@ -63,7 +65,21 @@ var<workgroup> partial: array<f32, WG>;
 fn has(bit: u32) -> bool { return (prm.flags & bit) != 0u; }
 
 // Words of values per block.
-fn block_words() -> u32 { return select(4u, 8u, prm.kind == 0u); }
+fn block_words() -> u32 {
+    if prm.kind == 0u {
+        return 8u;
+    }
+    return select(4u, 16u, prm.kind >= 3u);
+}
+
+// The 16-bit float in the low (hi = false) or high half of `word`, as f32.
+fn float16(word: u32, hi: bool) -> f32 {
+    let bits = select(word & 65535u, word >> 16u, hi);
+    if prm.kind == 4u {
+        return bitcast<f32>(bits << 16u);
+    }
+    return half(bits);
+}
 
 // An f16 bit pattern (low 16 bits) as f32, exactly; infinities and NaNs were refused at
 // upload. Decoded by hand: unpack2x16float needs a capability not every backend has.
@@ -135,6 +151,15 @@ fn block_dot(row: u32, blk: u32, norm: bool) -> f32 {
     let k0 = blk * 32u;
     var dq = vec4<f32>(0.0);
     var sx = vec4<f32>(0.0);
+    if prm.kind >= 3u {
+        for (var i = 0u; i < 16u; i += 2u) {
+            let w0 = value_word(row, blk, i);
+            let w1 = value_word(row, blk, i + 1u);
+            let wv = vec4<f32>(float16(w0, false), float16(w0, true), float16(w1, false), float16(w1, true));
+            dq += xin(k0 + 2u * i, norm) * wv;
+        }
+        return dot(dq, vec4<f32>(1.0));
+    }
     if prm.kind == 0u {
         for (var i = 0u; i < 8u; i++) {
             let xv = xin(k0 + 4u * i, norm);
@@ -197,7 +222,11 @@ fn {{ entry_project }}(
             g += bias[row];
             u += bias[row + prm.up_at];
         }
-        y[row] = g / (1.0 + exp(-g)) * u;
+        var gated = g / (1.0 + exp(-g)) * u;
+        if has(4u) {
+            gated += res[row];
+        }
+        y[row] = gated;
         return;
     }
     var acc = 0.0;
@@ -236,6 +265,10 @@ fn {{ entry_dequant }}(
     let row = select(prm.ids[i], i, has(16u));
     let blk = k / 32u;
     let j = k % 32u;
+    if prm.kind >= 3u {
+        y[e] = float16(value_word(row, blk, j / 2u), j % 2u == 1u);
+        return;
+    }
     let hd = header(row, blk);
     var q: f32;
     if prm.kind == 0u {

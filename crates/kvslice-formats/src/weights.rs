@@ -34,6 +34,10 @@ pub enum BlockFormat {
     /// 32 values per 20-byte block: f16 `d` and `m`, then the nibbles as [`BlockFormat::Q4_0`];
     /// `x = d·q + m`.
     Q4_1,
+    /// IEEE binary16 values, 32 (64 bytes) to a block.
+    F16,
+    /// bfloat16 values, 32 (64 bytes) to a block.
+    BF16,
 }
 
 impl BlockFormat {
@@ -46,6 +50,7 @@ impl BlockFormat {
             BlockFormat::Q8_0 => 34,
             BlockFormat::Q4_0 => 18,
             BlockFormat::Q4_1 => 20,
+            BlockFormat::F16 | BlockFormat::BF16 => 64,
         }
     }
 }
@@ -170,7 +175,8 @@ pub trait WeightSource {
         None
     }
     /// One 2-D tensor's blocks as stored, rows in HF order, when the file holds it in a
-    /// [`BlockFormat`]; `None` for any other element type (load it with [`WeightSource::load`]).
+    /// [`BlockFormat`] (F16 and BF16 only when its rows are whole blocks of 32); `None` for
+    /// any other element type or shape (load it with [`WeightSource::load`]).
     fn load_blocks(&self, _canonical: &str) -> Result<Option<Blocks>> {
         Ok(None)
     }
@@ -260,10 +266,15 @@ impl<B: AsRef<[u8]>> WeightSource for GgufWeights<B> {
             GgmlType::Q8_0 => BlockFormat::Q8_0,
             GgmlType::Q4_0 => BlockFormat::Q4_0,
             GgmlType::Q4_1 => BlockFormat::Q4_1,
+            GgmlType::F16 => BlockFormat::F16,
+            GgmlType::BF16 => BlockFormat::BF16,
             _ => return Ok(None),
         };
         let shape = info.shape();
         let [rows, cols] = shape[..] else { return Ok(None) };
+        if matches!(format, BlockFormat::F16 | BlockFormat::BF16) && !cols.is_multiple_of(BlockFormat::VALUES) {
+            return Ok(None);
+        }
         let row_bytes = cols / BlockFormat::VALUES * format.block_bytes();
         let raw = self.file.tensor_bytes(info);
         if !cols.is_multiple_of(BlockFormat::VALUES) || raw.len() != rows * row_bytes {
@@ -415,6 +426,23 @@ impl<B: AsRef<[u8]>> WeightSource for SafetensorsWeights<B> {
 
     fn stored_bytes(&self, canonical: &str) -> Option<u64> {
         self.entries.get(canonical).map(|e| (e.end - e.start) as u64)
+    }
+
+    fn load_blocks(&self, canonical: &str) -> Result<Option<Blocks>> {
+        let e =
+            self.entries.get(canonical).ok_or_else(|| FormatError::MissingTensor { tensor: canonical.to_string() })?;
+        let format = match e.dtype {
+            Dtype::F16 => BlockFormat::F16,
+            Dtype::BF16 => BlockFormat::BF16,
+            _ => return Ok(None),
+        };
+        let [rows, cols] = e.shape[..] else { return Ok(None) };
+        if !cols.is_multiple_of(BlockFormat::VALUES) {
+            return Ok(None);
+        }
+        // In bounds and of the shape's length: read_metadata checked both.
+        let bytes = self.shards[e.shard].1.as_ref()[e.start..e.end].to_vec();
+        Ok(Some(Blocks { format, rows, cols, bytes }))
     }
 
     fn load(&self, canonical: &str) -> Result<Tensor> {

@@ -130,6 +130,7 @@ pub async fn run_all(device: &Device) -> Vec<CaseResult> {
         (1536, 576, Fuse { bias: false, norm: false, residual: true, swiglu: false }, 204),
         (33, 37, Fuse { bias: true, norm: true, residual: true, swiglu: false }, 205),
         (70, 13, Fuse { bias: true, norm: true, residual: false, swiglu: true }, 206),
+        (64, 24, Fuse { bias: false, norm: false, residual: true, swiglu: true }, 207),
     ] {
         case!(
             "project",
@@ -149,11 +150,16 @@ pub async fn run_all(device: &Device) -> Vec<CaseResult> {
         case!("rms_norm", format!("rows {rows} width {width} seed {seed}"), rms_norm_twin(device, rows, width, seed));
     }
     // 6. projections over quantized blocks
-    use crate::QuantFormat::{Q4_0, Q4_1, Q8_0};
+    use crate::QuantFormat::{BF16, F16, Q4_0, Q4_1, Q8_0};
     case!("dequantize", "hand-computed Q8_0 (subnormal scales too), Q4_0, Q4_1 blocks", dequant_hand(device));
-    for &(format, rows, cols, seed) in
-        &[(Q8_0, 7usize, 96usize, 231u64), (Q4_0, 5, 64, 232), (Q4_1, 3, 576, 233), (Q4_1, 1, 32, 234)]
-    {
+    for &(format, rows, cols, seed) in &[
+        (Q8_0, 7usize, 96usize, 231u64),
+        (Q4_0, 5, 64, 232),
+        (Q4_1, 3, 576, 233),
+        (Q4_1, 1, 32, 234),
+        (F16, 6, 64, 235),
+        (BF16, 4, 96, 236),
+    ] {
         case!(
             "dequantize",
             format!("{format:?} rows {rows} cols {cols} seed {seed}"),
@@ -168,6 +174,8 @@ pub async fn run_all(device: &Device) -> Vec<CaseResult> {
         (Q4_1, 64, 13, Fuse { bias: true, norm: true, residual: true, swiglu: false }, 244),
         (Q8_0, 96, 7, Fuse { bias: true, norm: true, residual: false, swiglu: true }, 245),
         (Q4_0, 32, 1, Fuse { bias: false, norm: false, residual: false, swiglu: false }, 246),
+        (F16, 576, 192, Fuse { bias: true, norm: true, residual: false, swiglu: false }, 247),
+        (BF16, 96, 70, Fuse { bias: false, norm: true, residual: true, swiglu: true }, 248),
     ] {
         case!(
             "qproject",
@@ -689,6 +697,16 @@ fn random_blocks(rng: &mut Rng, format: QuantFormat, rows: usize, cols: usize) -
         (((r & 1) << 15) | (((r >> 1) % 16) << 10) | ((r >> 8) & 0x3ff)) as u16
     };
     let mut out = Vec::with_capacity(rows * cols / 32 * format.block_bytes());
+    if format == QuantFormat::F16 {
+        out.extend((0..rows * cols).flat_map(|_| half(rng).to_le_bytes()));
+        return out;
+    }
+    if format == QuantFormat::BF16 {
+        // random sign and 7-bit mantissa, exponent 2⁻¹⁵..2⁰ (magnitudes below 2)
+        let bf = |r: u64| ((r & 1) << 15 | (112 + (r >> 1) % 16) << 7 | (r >> 8) & 0x7f) as u16;
+        out.extend((0..rows * cols).flat_map(|_| bf(rng.next_u64()).to_le_bytes()));
+        return out;
+    }
     for _ in 0..rows * cols / 32 {
         out.extend(half(rng).to_le_bytes());
         if format == QuantFormat::Q4_1 {
@@ -701,8 +719,11 @@ fn random_blocks(rng: &mut Rng, format: QuantFormat, rows: usize, cols: usize) -
 }
 
 /// The magnitude of each value's terms as `qproject.wgsl` sums them (`|d|·|q|` for Q8_0,
-/// `|d|·q + 8·|d|` for Q4_0, `|d|·q + |m|` for Q4_1), `[rows, cols]`.
+/// `|d|·q + 8·|d|` for Q4_0, `|d|·q + |m|` for Q4_1, the value's for F16/BF16), `[rows, cols]`.
 fn block_magnitudes(format: QuantFormat, bytes: &[u8]) -> Vec<f64> {
+    if matches!(format, QuantFormat::F16 | QuantFormat::BF16) {
+        return cpu::dequantize(format, 1, bytes.len() / 2, bytes).iter().map(|v| v.abs()).collect();
+    }
     let mut out = Vec::new();
     for block in bytes.chunks_exact(format.block_bytes()) {
         let d = cpu::f16_to_f64(u16::from_le_bytes([block[0], block[1]])).abs();
@@ -716,6 +737,7 @@ fn block_magnitudes(format: QuantFormat, bytes: &[u8]) -> Vec<f64> {
                 out.extend(qs.iter().map(|&q| d * f64::from(q & 15) + m));
                 out.extend(qs.iter().map(|&q| d * f64::from(q >> 4) + m));
             }
+            QuantFormat::F16 | QuantFormat::BF16 => unreachable!("returned above"),
         }
     }
     out

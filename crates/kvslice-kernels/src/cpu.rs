@@ -310,14 +310,21 @@ pub fn f16_to_f64(bits: u16) -> f64 {
 /// GGUF blocks `bytes` (row after row, 32 values per block) as f64, from the block layouts'
 /// definitions: Q8_0 is `d: f16, q: [i8; 32]` with `x = d·q`; Q4_0 is `d: f16, qs: [u8; 16]`
 /// with `x_j = d·((qs_j & 15) − 8)` and `x_{j+16} = d·((qs_j >> 4) − 8)`; Q4_1 is
-/// `d: f16, m: f16, qs: [u8; 16]` with `x_j = d·(qs_j & 15) + m`, `x_{j+16} = d·(qs_j >> 4) + m`.
+/// `d: f16, m: f16, qs: [u8; 16]` with `x_j = d·(qs_j & 15) + m`, `x_{j+16} = d·(qs_j >> 4) + m`;
+/// F16 and BF16 are the values themselves (a bfloat16 is the top half of an f32).
 ///
 /// # Panics
 /// When `bytes` is not `rows · cols / 32` whole blocks.
 pub fn dequantize(format: crate::QuantFormat, rows: usize, cols: usize, bytes: &[u8]) -> Vec<f64> {
-    use crate::QuantFormat::{Q4_0, Q4_1, Q8_0};
+    use crate::QuantFormat::{BF16, F16, Q4_0, Q4_1, Q8_0};
     let bb = format.block_bytes();
     assert_eq!(bytes.len(), rows * cols / 32 * bb, "whole blocks");
+    let halves = bytes.chunks_exact(2).map(|h| u16::from_le_bytes([h[0], h[1]]));
+    match format {
+        F16 => return halves.map(f16_to_f64).collect(),
+        BF16 => return halves.map(|h| f64::from(f32::from_bits(u32::from(h) << 16))).collect(),
+        _ => {}
+    }
     let mut out = Vec::with_capacity(rows * cols);
     for block in bytes.chunks_exact(bb) {
         let d = f16_to_f64(u16::from_le_bytes([block[0], block[1]]));
@@ -331,6 +338,7 @@ pub fn dequantize(format: crate::QuantFormat, rows: usize, cols: usize, bytes: &
                 out.extend(qs.iter().map(|&q| d * f64::from(q & 15) + m));
                 out.extend(qs.iter().map(|&q| d * f64::from(q >> 4) + m));
             }
+            F16 | BF16 => unreachable!("returned above"),
         }
     }
     out

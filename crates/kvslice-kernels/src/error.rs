@@ -115,8 +115,8 @@ pub enum KernelError {
         /// Its value.
         value: usize,
     },
-    /// A quantized block whose f16 scale or offset is infinite or NaN.
-    #[error("quantized weight: block {block} (row {row}) has a NaN or infinite scale")]
+    /// A weight block whose f16 scale or offset (or, for F16/BF16, a value) is infinite or NaN.
+    #[error("weight block {block} (row {row}) has a NaN or infinite scale or value")]
     NonFiniteBlock {
         /// Block index, row-major.
         block: usize,

@@ -1,9 +1,9 @@
 //! Weights kept in their quantized blocks on the device (`shaders/qproject.wgsl`).
 //!
-//! A GGUF Q8_0, Q4_0 or Q4_1 matrix is uploaded as its blocks ([`QuantMatrix::upload`]): the
+//! A GGUF Q8_0, Q4_0 or Q4_1 matrix, or an F16/BF16 one, is uploaded as its blocks ([`QuantMatrix::upload`]): the
 //! values' bytes unchanged, each block's f16 header widened to one 4-byte word (so every load
 //! is word-aligned): 36 bytes per 32 values for Q8_0 (34 in the file), 20 for Q4_0 (18) and
-//! 20 for Q4_1 (20). The words are stored block-column-major (word `i` of block `b` of every
+//! 20 for Q4_1 (20), 64 for F16 and BF16 (64). The words are stored block-column-major (word `i` of block `b` of every
 //! row side by side), so the invocations of a workgroup, one per output row, read adjacent
 //! words: the access pattern of the f32 projection's `[d_in, d_out]` layout. [`qproject`] runs one row through it with [`project`](crate::project)'s
 //! prologue and epilogues, dequantizing in registers; [`dequantize`] writes rows of it as f32
@@ -18,7 +18,8 @@ use crate::gpu::{self, Gpu, bind};
 use crate::params::QProjectParams;
 use crate::shader::{Family, QPROJECT_WG};
 
-/// Block formats [`QuantMatrix`] takes (GGUF's layouts, 32 values per block).
+/// Block formats [`QuantMatrix`] takes (GGUF's layouts, 32 values per block; F16 and BF16
+/// as 32 values of 2 bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QuantFormat {
     /// f16 `d`, 32 × i8 `q`: `x = d·q` (34 bytes).
@@ -27,6 +28,10 @@ pub enum QuantFormat {
     Q4_0,
     /// f16 `d`, f16 `m`, 16 bytes of nibbles: `x = d·q + m` (20 bytes).
     Q4_1,
+    /// 32 IEEE binary16 values (64 bytes), no header.
+    F16,
+    /// 32 bfloat16 values (64 bytes), no header.
+    BF16,
 }
 
 impl QuantFormat {
@@ -39,6 +44,7 @@ impl QuantFormat {
             QuantFormat::Q8_0 => 34,
             QuantFormat::Q4_0 => 18,
             QuantFormat::Q4_1 => 20,
+            QuantFormat::F16 | QuantFormat::BF16 => 64,
         }
     }
 
@@ -47,6 +53,7 @@ impl QuantFormat {
         match self {
             QuantFormat::Q8_0 => 8,
             QuantFormat::Q4_0 | QuantFormat::Q4_1 => 4,
+            QuantFormat::F16 | QuantFormat::BF16 => 16,
         }
     }
 
@@ -54,6 +61,7 @@ impl QuantFormat {
     fn header_bytes(self) -> usize {
         match self {
             QuantFormat::Q4_1 => 4,
+            QuantFormat::F16 | QuantFormat::BF16 => 0,
             _ => 2,
         }
     }
@@ -63,6 +71,8 @@ impl QuantFormat {
             QuantFormat::Q8_0 => 0,
             QuantFormat::Q4_0 => 1,
             QuantFormat::Q4_1 => 2,
+            QuantFormat::F16 => 3,
+            QuantFormat::BF16 => 4,
         }
     }
 }
@@ -82,9 +92,16 @@ fn f16_non_finite(bits: u16) -> bool {
     (bits >> 10) & 0x1f == 0x1f
 }
 
+/// `true` for a bfloat16 bit pattern that is infinite or NaN.
+fn bf16_non_finite(bits: u16) -> bool {
+    (bits >> 7) & 0xff == 0xff
+}
+
 /// The device layout of `bytes` (`rows · cols / 32` blocks in the file's layout, row after
 /// row): every block's value words, word `i` of block `b` of row `r` at `(b·VW + i)·rows + r`
-/// (`VW` = 8 for Q8_0, 4 for Q4), then every block's header word at `blocks·VW + b·rows + r`.
+/// (`VW` = 8 for Q8_0, 4 for Q4, 16 for F16/BF16: two values a word, the first in the low
+/// half), then every block's header word at `blocks·VW + b·rows + r` (none for F16/BF16).
+/// A NaN or infinite scale, offset or (F16/BF16) value is refused.
 pub fn pack_blocks(format: QuantFormat, rows: usize, cols: usize, bytes: &[u8]) -> Result<Vec<u32>> {
     for (what, v) in [("rows", rows), ("cols", cols)] {
         if v == 0 {
@@ -106,14 +123,25 @@ pub fn pack_blocks(format: QuantFormat, rows: usize, cols: usize, bytes: &[u8]) 
     // Every value must be addressable by the dequantization's 32-bit indices.
     gpu::check_elements("quantized values", &[rows, cols])?;
     let vw = format.value_words();
-    let total = blocks * (vw + 1);
+    let hb = format.header_bytes();
+    let total = blocks * (vw + usize::from(hb > 0));
     gpu::check_u32("quantized words", total)?;
     let mut out = vec![0u32; total];
     let (values, headers) = out.split_at_mut(blocks * vw);
-    let hb = format.header_bytes();
     let nb = cols / QuantFormat::VALUES;
     for (b, block) in bytes.chunks_exact(bb).enumerate() {
         let (row, blk) = (b / nb, b % nb);
+        if hb == 0 {
+            let non_finite = if format == QuantFormat::F16 { f16_non_finite } else { bf16_non_finite };
+            for (i, word) in block.chunks_exact(4).enumerate() {
+                let (lo, hi) = (u16::from_le_bytes([word[0], word[1]]), u16::from_le_bytes([word[2], word[3]]));
+                if non_finite(lo) || non_finite(hi) {
+                    return Err(KernelError::NonFiniteBlock { block: b, row });
+                }
+                values[(blk * vw + i) * rows + row] = u32::from(lo) | (u32::from(hi) << 16);
+            }
+            continue;
+        }
         let d = u16::from_le_bytes([block[0], block[1]]);
         let m = if hb == 4 { u16::from_le_bytes([block[2], block[3]]) } else { 0 };
         if f16_non_finite(d) || f16_non_finite(m) {

@@ -115,6 +115,8 @@ impl Loader<'_> {
             BlockFormat::Q8_0 => QuantFormat::Q8_0,
             BlockFormat::Q4_0 => QuantFormat::Q4_0,
             BlockFormat::Q4_1 => QuantFormat::Q4_1,
+            BlockFormat::F16 => QuantFormat::F16,
+            BlockFormat::BF16 => QuantFormat::BF16,
         };
         let what = names.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(" | ");
         QuantMatrix::upload(format, rows, inp, &bytes, self.device)

@@ -159,6 +159,21 @@ fn quantized_weights_refuse_bad_blocks_and_shapes() {
         QuantMatrix::upload(QuantFormat::Q4_1, 1, 32, &nan_m, &dev),
         Err(KernelError::NonFiniteBlock { block: 0, row: 0 })
     ));
+    // a NaN among F16 values (value 5 of block 0), an infinite BF16 one (row 1)
+    let mut f16 = vec![0u8; 64];
+    f16[10..12].copy_from_slice(&0x7e00u16.to_le_bytes());
+    assert!(matches!(
+        QuantMatrix::upload(QuantFormat::F16, 1, 32, &f16, &dev),
+        Err(KernelError::NonFiniteBlock { block: 0, row: 0 })
+    ));
+    let mut bf16 = vec![0u8; 128];
+    bf16[64..66].copy_from_slice(&0x7f80u16.to_le_bytes());
+    assert_eq!(
+        QuantMatrix::upload(QuantFormat::BF16, 2, 32, &bf16, &dev).unwrap_err(),
+        KernelError::NonFiniteBlock { block: 1, row: 1 }
+    );
+    let f16 = QuantMatrix::upload(QuantFormat::F16, 1, 32, &[0u8; 64], &dev).unwrap();
+    assert_eq!(f16.device_bytes(), 64, "no header for 16-bit floats");
     // columns that are not whole blocks, bytes that are not the blocks' length, no rows
     let one = block([0x00, 0x3c]);
     assert!(matches!(
