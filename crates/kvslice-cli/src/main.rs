@@ -2,6 +2,7 @@
 
 mod bench;
 mod cases;
+mod doctor;
 mod eval;
 mod fetch;
 mod ppl;
@@ -34,8 +35,9 @@ pub(crate) struct ModelArgs {
     /// An HF model folder or a .gguf file; default: the fetched SmolLM2-135M-Instruct.
     #[arg(long)]
     model: Option<PathBuf>,
-    /// `wgpu` (default; `wgpu:vulkan|metal|dx12|gl` pins the API), `cpu`, or `auto` (wgpu on a
-    /// hardware adapter, else the CPU backend).
+    /// `wgpu` (default; `wgpu:vulkan|metal|dx12|gl` pins the API, `wgpu:API:INDEX` one adapter
+    /// as `kvslice doctor` lists them), `cpu`, or `auto` (wgpu on a hardware adapter, else the
+    /// CPU backend).
     #[arg(long, default_value = "wgpu")]
     device: String,
 }
@@ -182,10 +184,15 @@ enum Command {
     /// `/v1/completions`, `/v1/models`, `/health`, `/metrics`); conversations keep their
     /// (compressed) KV cache between requests.
     Serve(ServeArgs),
+    /// Check every adapter wgpu finds (Vulkan, Metal, DX12, GL) and Burn's CPU backend: the
+    /// kernel conformance suite and the default model's logits against transformers', one row
+    /// per device; exits with an error when a device fails a check.
+    Doctor(doctor::DoctorArgs),
     /// Run the kernel conformance suite (every WGSL kernel against its CPU twin) on a wgpu
     /// adapter; exits with an error when a case fails.
     Conformance {
-        /// `wgpu` or `wgpu:vulkan|metal|dx12|gl`.
+        /// `wgpu`, `wgpu:vulkan|metal|dx12|gl`, or one adapter, `wgpu:API:INDEX` (as `kvslice
+        /// doctor` lists them).
         #[arg(long, default_value = "wgpu")]
         device: String,
         /// Print the results as JSON `[{kernel, case, passed, failure, checked}]` (the page's
@@ -329,6 +336,7 @@ fn run(cli: Cli) -> Result<()> {
             ppl::plot(&runs, span.unwrap_or(file_span), tokens, &out)
         }
         Command::Conformance { device, json } => conformance(&device, json),
+        Command::Doctor(args) => doctor::run(args),
     }
 }
 

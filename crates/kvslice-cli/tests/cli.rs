@@ -357,6 +357,57 @@ fn conformance_checks_every_kernel_on_the_adapter_and_reports_json() {
     assert!(err.contains("wgpu"), "{err}");
 }
 
+/// `kvslice doctor --json`: on this machine (Mesa) wgpu finds llvmpipe through Vulkan
+/// (lavapipe) and through GL; each must pass the whole conformance suite, and each device,
+/// the CPU backend included, the default model's logits against transformers'.
+#[test]
+fn doctor_checks_every_adapter_and_the_cpu_backend() {
+    let model = default_model();
+    let out = kvslice(&["doctor", "--json"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "doctor: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON report");
+    assert_eq!(report["passed"], true, "{report:#}");
+    assert_eq!(report["model"].as_str(), Some(model.as_str()));
+    let devices = report["devices"].as_array().unwrap();
+    let suite = kvslice(&["conformance", "--json"]);
+    let suite_cases = serde_json::from_slice::<Vec<serde_json::Value>>(&suite.stdout).unwrap().len();
+    let mut apis = Vec::new();
+    for d in devices {
+        let api = d["api"].as_str().unwrap();
+        apis.push(api.to_string());
+        assert_eq!(d["passed"], true, "{d:#}");
+        assert!(d["error"].is_null(), "{d:#}");
+        if api == "cpu" {
+            assert!(d["conformance"].is_null(), "{d:#}");
+            assert_eq!(d["device"], "cpu");
+        } else {
+            assert_eq!(d["conformance"]["cases"].as_u64().unwrap() as usize, suite_cases, "{d:#}");
+            assert_eq!(d["conformance"]["failed"], 0, "{d:#}");
+            // what `--device` takes back
+            let device = d["device"].as_str().unwrap();
+            assert!(device.starts_with(&format!("wgpu:{api}:")), "{device}");
+        }
+        // the five golden prompts of up to 128 tokens, five positions each
+        let logits = &d["logits"];
+        assert_eq!(logits["prompts"], 5, "{d:#}");
+        assert_eq!(logits["positions"], 25, "{d:#}");
+        let worst = logits["max_abs_delta"].as_f64().unwrap();
+        assert!(worst > 0.0 && worst < 1e-2, "{d:#}");
+        assert!(logits["failure"].is_null(), "{d:#}");
+    }
+    if cfg!(target_os = "linux") {
+        for api in ["vulkan", "gl", "cpu"] {
+            assert!(apis.iter().any(|a| a == api), "no {api} device in {apis:?}");
+        }
+    }
+    // an adapter that is not there is a one-line error that says where the list is
+    let err = one_line_error(&kvslice(&["conformance", "--device", "wgpu:vulkan:99"]));
+    assert!(err.contains("wgpu:vulkan:99") && err.contains("kvslice doctor"), "{err}");
+    let err = one_line_error(&kvslice(&["conformance", "--device", "wgpu:vulkan:first"]));
+    assert!(err.contains("index"), "{err}");
+}
+
 #[test]
 fn serve_refuses_bad_settings_before_listening() {
     let out = kvslice(&["serve", "--model", "/nonexistent/model.gguf", "--device", "cpu", "--port", "0"]);

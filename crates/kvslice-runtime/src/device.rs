@@ -14,6 +14,9 @@ pub enum DeviceChoice {
     Wgpu,
     /// wgpu pinned to one graphics API.
     WgpuApi(GraphicsApi),
+    /// One adapter of one graphics API: its place in wgpu's list of that API's adapters
+    /// ([`list_adapters`]; `kvslice doctor` prints it as `wgpu:API:INDEX`).
+    WgpuAdapter(GraphicsApi, usize),
     /// Burn's pure-Rust CPU backend (the reference).
     Cpu,
     /// wgpu on a hardware adapter; Burn's CPU backend when the only adapter is a software
@@ -31,10 +34,48 @@ pub enum GraphicsApi {
     WebGpu,
 }
 
+impl GraphicsApi {
+    /// The name `--device wgpu:NAME` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            GraphicsApi::Vulkan => "vulkan",
+            GraphicsApi::Metal => "metal",
+            GraphicsApi::Dx12 => "dx12",
+            GraphicsApi::Gl => "gl",
+            GraphicsApi::WebGpu => "webgpu",
+        }
+    }
+
+    #[cfg(not(target_family = "wasm"))]
+    fn wgpu_backend(self) -> wgpu::Backend {
+        match self {
+            GraphicsApi::Vulkan => wgpu::Backend::Vulkan,
+            GraphicsApi::Metal => wgpu::Backend::Metal,
+            GraphicsApi::Dx12 => wgpu::Backend::Dx12,
+            GraphicsApi::Gl => wgpu::Backend::Gl,
+            GraphicsApi::WebGpu => wgpu::Backend::BrowserWebGpu,
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceChoice {
+    /// The spelling [`str::parse`] takes back.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceChoice::Wgpu => write!(f, "wgpu"),
+            DeviceChoice::WgpuApi(api) => write!(f, "wgpu:{}", api.name()),
+            DeviceChoice::WgpuAdapter(api, index) => write!(f, "wgpu:{}:{index}", api.name()),
+            DeviceChoice::Cpu => write!(f, "cpu"),
+            DeviceChoice::Auto => write!(f, "auto"),
+        }
+    }
+}
+
 impl std::str::FromStr for DeviceChoice {
     type Err = RuntimeError;
 
-    /// `wgpu`, `cpu`, or `wgpu:vulkan|metal|dx12|gl|webgpu`.
+    /// `wgpu`, `cpu`, `auto`, `wgpu:vulkan|metal|dx12|gl|webgpu`, or `wgpu:API:INDEX` for one
+    /// adapter of an API (the index `kvslice doctor` lists).
     fn from_str(s: &str) -> Result<Self> {
         let api = |name: &str| -> Result<GraphicsApi> {
             Ok(match name {
@@ -55,7 +96,17 @@ impl std::str::FromStr for DeviceChoice {
             "auto" => Ok(DeviceChoice::Auto),
             "cpu" | "flex" => Ok(DeviceChoice::Cpu),
             other => match other.strip_prefix("wgpu:") {
-                Some(name) => Ok(DeviceChoice::WgpuApi(api(name)?)),
+                Some(rest) => match rest.split_once(':') {
+                    Some((name, index)) => {
+                        let index = index.parse().map_err(|_| {
+                            RuntimeError::Device(format!(
+                                "`{s}`: the adapter index must be a number (`kvslice doctor` lists them)"
+                            ))
+                        })?;
+                        Ok(DeviceChoice::WgpuAdapter(api(name)?, index))
+                    }
+                    None => Ok(DeviceChoice::WgpuApi(api(rest)?)),
+                },
                 None => Ok(DeviceChoice::WgpuApi(api(other).map_err(|_| {
                     RuntimeError::Device(format!("unknown device `{s}` (wgpu, cpu, wgpu:vulkan, wgpu:gl, ...)"))
                 })?)),
@@ -170,7 +221,7 @@ pub async fn init_device(choice: DeviceChoice) -> Result<(Device, DeviceInfo)> {
                 max_buffer_size: 0,
             },
         )),
-        DeviceChoice::Wgpu | DeviceChoice::WgpuApi(_) => {
+        DeviceChoice::Wgpu | DeviceChoice::WgpuApi(_) | DeviceChoice::WgpuAdapter(..) => {
             // A wgpu runtime can be registered once per process: later calls reuse it. Natively,
             // threads open devices one at a time (two threads racing to register the same
             // adapter would see the second fail and fall back to probing every API, GL's EGL
@@ -182,7 +233,7 @@ pub async fn init_device(choice: DeviceChoice) -> Result<(Device, DeviceInfo)> {
                 return Ok((found.1, found.2));
             }
             let mut options = Device::wgpu_options();
-            if let DeviceChoice::WgpuApi(api) = choice {
+            if let DeviceChoice::WgpuApi(api) | DeviceChoice::WgpuAdapter(api, _) = choice {
                 options = options.graphics_api(match api {
                     GraphicsApi::Vulkan => WgpuBackend::Vulkan,
                     GraphicsApi::Metal => WgpuBackend::Metal,
@@ -190,6 +241,14 @@ pub async fn init_device(choice: DeviceChoice) -> Result<(Device, DeviceInfo)> {
                     GraphicsApi::Gl => WgpuBackend::Gl,
                     GraphicsApi::WebGpu => WgpuBackend::WebGpu,
                 });
+            }
+            #[cfg(not(target_family = "wasm"))]
+            if let DeviceChoice::WgpuAdapter(api, index) = choice {
+                options = options.device_kind(adapter_kind(api, index)?);
+            }
+            #[cfg(target_family = "wasm")]
+            if let DeviceChoice::WgpuAdapter(..) = choice {
+                return Err(RuntimeError::Device("the browser offers one adapter: use --device wgpu".into()));
             }
             // Natively, driven here so that no `.await` is crossed with the gate held.
             #[cfg(not(target_family = "wasm"))]
@@ -216,6 +275,94 @@ pub async fn init_device(choice: DeviceChoice) -> Result<(Device, DeviceInfo)> {
             Ok(result)
         }
     }
+}
+
+/// One adapter wgpu finds on one graphics API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdapterEntry {
+    pub api: GraphicsApi,
+    /// Its place in wgpu's list of `api`'s adapters: [`DeviceChoice::WgpuAdapter`]'s index.
+    pub index: usize,
+    pub name: String,
+    /// Discrete, integrated, virtual, CPU or other, as the API reports it.
+    pub device_type: String,
+    pub driver: String,
+}
+
+impl AdapterEntry {
+    /// The choice that opens this adapter.
+    pub fn choice(&self) -> DeviceChoice {
+        DeviceChoice::WgpuAdapter(self.api, self.index)
+    }
+}
+
+/// Every adapter wgpu finds on every native graphics API this build has (Vulkan, Metal, DX12,
+/// GL), in wgpu's order per API. One physical GPU appears once per API that reaches it.
+#[cfg(not(target_family = "wasm"))]
+pub fn list_adapters() -> Vec<AdapterEntry> {
+    let _one_at_a_time = init_gate().lock().unwrap_or_else(|e| e.into_inner());
+    let mut out = Vec::new();
+    for api in [GraphicsApi::Vulkan, GraphicsApi::Metal, GraphicsApi::Dx12, GraphicsApi::Gl] {
+        for (index, info) in adapters_on(api).into_iter().enumerate() {
+            out.push(AdapterEntry {
+                api,
+                index,
+                name: info.name.clone(),
+                device_type: format!("{:?}", info.device_type),
+                driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
+            });
+        }
+    }
+    out
+}
+
+/// The adapters of one API, in the order wgpu (and so Burn's adapter selection) lists them.
+#[cfg(not(target_family = "wasm"))]
+fn adapters_on(api: GraphicsApi) -> Vec<wgpu::AdapterInfo> {
+    let backend = api.wgpu_backend();
+    if !wgpu::Instance::enabled_backend_features().contains(backend.into()) {
+        return Vec::new();
+    }
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+        backends: backend.into(),
+        ..wgpu::InstanceDescriptor::new_without_display_handle()
+    });
+    pollster::block_on(instance.enumerate_adapters(backend.into())).iter().map(wgpu::Adapter::get_info).collect()
+}
+
+/// Burn's name for the `index`-th adapter of `api`: adapters are addressed by their kind and
+/// their place among the adapters of that kind.
+#[cfg(not(target_family = "wasm"))]
+fn adapter_kind(api: GraphicsApi, index: usize) -> Result<burn::tensor::DeviceKind> {
+    use burn::tensor::DeviceKind;
+    let adapters = adapters_on(api);
+    let Some(info) = adapters.get(index) else {
+        return Err(RuntimeError::Device(format!(
+            "wgpu:{}:{index}: {} has {} adapter(s) here (`kvslice doctor` lists them)",
+            api.name(),
+            api.name(),
+            adapters.len()
+        )));
+    };
+    let same_kind_before = adapters[..index].iter().filter(|a| a.device_type == info.device_type).count();
+    Ok(match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => DeviceKind::DiscreteGpu(same_kind_before),
+        wgpu::DeviceType::IntegratedGpu => DeviceKind::IntegratedGpu(same_kind_before),
+        wgpu::DeviceType::VirtualGpu => DeviceKind::VirtualGpu(same_kind_before),
+        // Burn names one CPU adapter per API, the first.
+        wgpu::DeviceType::Cpu if same_kind_before == 0 => DeviceKind::Cpu,
+        // An adapter of no known kind can be reached as the API's only adapter.
+        wgpu::DeviceType::Other if adapters.len() == 1 => DeviceKind::DefaultDevice,
+        _ => {
+            return Err(RuntimeError::Device(format!(
+                "wgpu:{}:{index} ({}, {:?}) cannot be opened on its own: only the first CPU adapter \
+                 of an API, and an adapter of unknown kind only as its API's one adapter, can be named",
+                api.name(),
+                info.name,
+                info.device_type
+            )));
+        }
+    })
 }
 
 /// The wgpu devices this process opened: the choice, Burn's device, its description and the
@@ -268,6 +415,25 @@ mod tests {
             driver: String::new(),
             max_storage_buffer_binding_size: 0,
             max_buffer_size: 0,
+        }
+    }
+
+    #[test]
+    fn device_choices_parse_and_print_back() {
+        for (text, choice) in [
+            ("wgpu", DeviceChoice::Wgpu),
+            ("cpu", DeviceChoice::Cpu),
+            ("auto", DeviceChoice::Auto),
+            ("wgpu:gl", DeviceChoice::WgpuApi(GraphicsApi::Gl)),
+            ("wgpu:vulkan:1", DeviceChoice::WgpuAdapter(GraphicsApi::Vulkan, 1)),
+        ] {
+            assert_eq!(text.parse::<DeviceChoice>().unwrap(), choice, "{text}");
+            assert_eq!(choice.to_string(), text);
+        }
+        assert_eq!("Vulkan".parse::<DeviceChoice>().unwrap(), DeviceChoice::WgpuApi(GraphicsApi::Vulkan));
+        for bad in ["wgpu:vulkan:x", "wgpu:vulkan:-1", "wgpu:glide", "wgpu:glide:0", "tpu"] {
+            let e = bad.parse::<DeviceChoice>().unwrap_err().to_string();
+            assert!(e.contains("index") || e.contains("unknown"), "{bad}: {e}");
         }
     }
 

@@ -23,7 +23,9 @@ pub mod session;
 mod testing;
 
 pub use burn::tensor::Device;
-pub use device::{DeviceChoice, DeviceInfo, GraphicsApi, device_info, init_device};
+#[cfg(not(target_family = "wasm"))]
+pub use device::list_adapters;
+pub use device::{AdapterEntry, DeviceChoice, DeviceInfo, GraphicsApi, device_info, init_device};
 pub use error::{Result, RuntimeError};
 pub use evict::{Compression, CompressionReport, DecodeEviction, DecodeRule, ReconstructionPrompt, StatsRequest};
 pub use generate::{GenerateOptions, GenerationStats, Generator, TextStream, Token, reusable_prefix};
