@@ -1,6 +1,7 @@
-// Projections over weights kept in their quantized blocks (GGUF Q8_0, Q4_0, Q4_1) or as 16-bit
-// floats (F16, BF16), dequantized in registers: the file's bytes are the device's bytes (a
-// 4-byte block header instead of the file's 2 or 4), never an f32 copy.
+// Projections over weights kept in their quantized blocks (GGUF Q8_0, Q4_0, Q4_1, Q4_K, Q5_K,
+// Q6_K) or as 16-bit floats (F16, BF16), dequantized in registers: the file's bytes are the
+// device's bytes (a 4-byte block header instead of the file's 2 or 4, Q6_K padded from 210
+// to 212 bytes), never an f32 copy.
 //
 // Layout of `w` (u32 words; crates/kvslice-kernels/src/quant.rs packs it at load): the weight
 // is `w_rows` rows (output features) of `nb` blocks of 32 values (input features), stored
@@ -12,6 +13,9 @@
 // meta_at + blk · w_rows + r (none for F16/BF16): the f16 scale d in the low half and, for
 // Q4_1, the f16 minimum m in the high half. Value = d·q (Q8_0), d·(q − 8) (Q4_0), d·q + m
 // (Q4_1), the 16-bit float itself (F16, BF16).
+// The K-quants' blocks are super-blocks of 256 values stored whole, VW = 36 (Q4_K), 44 (Q5_K)
+// or 53 (Q6_K) words holding the file's bytes in order (byte 4i + j in byte j of word i), no
+// separate headers; their definitions are in crates/kvslice-kernels/src/cpu.rs (`k_terms`).
 //
 // `project` — one row x through the weight, with project.wgsl's prologue and epilogues:
 //   y_r = epilogue(Σ_k prologue(x)_k · W_rk + b_r); RMSNorm prologue (bit 1), bias (bit 0),
@@ -31,7 +35,7 @@ struct Params {
     rows: u32,
     // blocks per weight row
     nb: u32,
-    // 0: Q8_0, 1: Q4_0, 2: Q4_1, 3: F16, 4: BF16
+    // 0: Q8_0, 1: Q4_0, 2: Q4_1, 3: F16, 4: BF16, 5: Q4_K, 6: Q5_K, 7: Q6_K
     kind: u32,
     // bit 0: bias, 1: RMSNorm, 2: residual, 3: SwiGLU, 4: every row, 5: transpose
     flags: u32,
@@ -66,10 +70,14 @@ fn has(bit: u32) -> bool { return (prm.flags & bit) != 0u; }
 
 // Words of values per block.
 fn block_words() -> u32 {
-    if prm.kind == 0u {
-        return 8u;
+    switch prm.kind {
+        case 0u: { return 8u; }
+        case 1u, 2u: { return 4u; }
+        case 5u: { return 36u; }
+        case 6u: { return 44u; }
+        case 7u: { return 53u; }
+        default: { return 16u; }
     }
-    return select(4u, 16u, prm.kind >= 3u);
 }
 
 // The 16-bit float in the low (hi = false) or high half of `word`, as f32.
@@ -136,6 +144,54 @@ fn hi4(word: u32) -> vec4<f32> {
     );
 }
 
+// Bit `b` (0..7) of each byte of `word`.
+fn bit1(word: u32, b: u32) -> vec4<f32> {
+    let v = word >> b;
+    return vec4<f32>(f32(v & 1u), f32((v >> 8u) & 1u), f32((v >> 16u) & 1u), f32((v >> 24u) & 1u));
+}
+
+// Bits b..b+1 of each byte of `word`.
+fn bit2(word: u32, b: u32) -> vec4<f32> {
+    let v = word >> b;
+    return vec4<f32>(f32(v & 3u), f32((v >> 8u) & 3u), f32((v >> 16u) & 3u), f32((v >> 24u) & 3u));
+}
+
+// Byte `j` of the 12 scale bytes of a Q4_K/Q5_K super-block (words 1..3).
+fn kbyte(s: vec3<u32>, j: u32) -> u32 {
+    return (s[j / 4u] >> (8u * (j % 4u))) & 255u;
+}
+
+// (d·sc_j, dmin·m_j) of sub-block j (0..7) of a Q4_K/Q5_K super-block: 6-bit scale and
+// minimum, the high two bits of sub-blocks 4..7 in the top bits of bytes 0..7.
+fn kscale(dm: vec2<f32>, s: vec3<u32>, j: u32) -> vec2<f32> {
+    var sc: u32;
+    var m: u32;
+    if j < 4u {
+        sc = kbyte(s, j) & 63u;
+        m = kbyte(s, j + 4u) & 63u;
+    } else {
+        sc = (kbyte(s, j + 4u) & 15u) | ((kbyte(s, j - 4u) >> 6u) << 4u);
+        m = (kbyte(s, j + 4u) >> 4u) | ((kbyte(s, j) >> 6u) << 4u);
+    }
+    return vec2<f32>(dm.x * f32(sc), dm.y * f32(m));
+}
+
+// Signed scale j (0..15) of a Q6_K super-block (words 48..51).
+fn k6scale(row: u32, blk: u32, j: u32) -> f32 {
+    let word = value_word(row, blk, 48u + j / 4u);
+    return f32(bitcast<i32>(word << (24u - 8u * (j % 4u))) >> 24u);
+}
+
+// The header of a Q4_K/Q5_K super-block: (d, dmin) and the scale words.
+fn kheader(row: u32, blk: u32) -> vec2<f32> {
+    let word = value_word(row, blk, 0u);
+    return vec2<f32>(half(word & 65535u), half(word >> 16u));
+}
+
+fn kscales(row: u32, blk: u32) -> vec3<u32> {
+    return vec3<u32>(value_word(row, blk, 1u), value_word(row, blk, 2u), value_word(row, blk, 3u));
+}
+
 // prologue(x) at k..k+3 (the norm's gain applied; its 1/rms is applied once, to the sum).
 fn xin(k: u32, norm: bool) -> vec4<f32> {
     let v = vec4<f32>(x[k], x[k + 1u], x[k + 2u], x[k + 3u]);
@@ -145,8 +201,70 @@ fn xin(k: u32, norm: bool) -> vec4<f32> {
     return v;
 }
 
+// Σ_j xin_j · value_j over K-quant super-block `blk` of weight row `row`.
+fn kblock_dot(row: u32, blk: u32, norm: bool) -> f32 {
+    let k0 = blk * 256u;
+    let one = vec4<f32>(1.0);
+    var acc = 0.0;
+    if prm.kind == 7u {
+        // Q6_K: two halves of 128 values; in each, word i of the 32 low-nibble bytes gives
+        // values 4i.. (low nibbles) and 64 + 4i.. (high), word i of the next 32 values 32 + 4i..
+        // and 96 + 4i.., their high bits in word i of the half's 32 qh bytes.
+        for (var n = 0u; n < 2u; n++) {
+            for (var i = 0u; i < 8u; i++) {
+                let wa = value_word(row, blk, 16u * n + i);
+                let wb = value_word(row, blk, 16u * n + 8u + i);
+                let wh = value_word(row, blk, 32u + 8u * n + i);
+                let base = k0 + 128u * n + 4u * i;
+                let sj = 8u * n + i / 4u;
+                let off = vec4<f32>(32.0);
+                acc += k6scale(row, blk, sj) * dot(xin(base, norm), lo4(wa) + 16.0 * bit2(wh, 0u) - off);
+                acc += k6scale(row, blk, sj + 2u) * dot(xin(base + 32u, norm), lo4(wb) + 16.0 * bit2(wh, 2u) - off);
+                acc += k6scale(row, blk, sj + 4u) * dot(xin(base + 64u, norm), hi4(wa) + 16.0 * bit2(wh, 4u) - off);
+                acc += k6scale(row, blk, sj + 6u) * dot(xin(base + 96u, norm), hi4(wb) + 16.0 * bit2(wh, 6u) - off);
+            }
+        }
+        return half(value_word(row, blk, 52u) & 65535u) * acc;
+    }
+    // Q4_K / Q5_K: four chunks of 64 values, word i of a chunk's 32 nibble bytes giving
+    // values 4i.. (low nibbles, sub-block 2c) and 32 + 4i.. (high, sub-block 2c + 1).
+    let dm = kheader(row, blk);
+    let sw = kscales(row, blk);
+    let q5 = prm.kind == 6u;
+    let qs_at = select(4u, 12u, q5);
+    for (var c = 0u; c < 4u; c++) {
+        var dl = vec4<f32>(0.0);
+        var dh = vec4<f32>(0.0);
+        var sl = vec4<f32>(0.0);
+        var sh = vec4<f32>(0.0);
+        for (var i = 0u; i < 8u; i++) {
+            let word = value_word(row, blk, qs_at + 8u * c + i);
+            let xl = xin(k0 + 64u * c + 4u * i, norm);
+            let xh = xin(k0 + 64u * c + 32u + 4u * i, norm);
+            var ql = lo4(word);
+            var qh = hi4(word);
+            if q5 {
+                let hw = value_word(row, blk, 4u + i);
+                ql += 16.0 * bit1(hw, 2u * c);
+                qh += 16.0 * bit1(hw, 2u * c + 1u);
+            }
+            dl += xl * ql;
+            dh += xh * qh;
+            sl += xl;
+            sh += xh;
+        }
+        let a = kscale(dm, sw, 2u * c);
+        let b = kscale(dm, sw, 2u * c + 1u);
+        acc += a.x * dot(dl, one) - a.y * dot(sl, one) + b.x * dot(dh, one) - b.y * dot(sh, one);
+    }
+    return acc;
+}
+
 // Σ_j xin_j · value_j over block `blk` of weight row `row`.
 fn block_dot(row: u32, blk: u32, norm: bool) -> f32 {
+    if prm.kind >= 5u {
+        return kblock_dot(row, blk, norm);
+    }
     let hd = header(row, blk);
     let k0 = blk * 32u;
     var dq = vec4<f32>(0.0);
@@ -243,6 +361,35 @@ fn {{ entry_project }}(
     y[row] = out;
 }
 
+// Value k of K-quant weight row `row`.
+fn kvalue(row: u32, k: u32) -> f32 {
+    let blk = k / 256u;
+    let j = k % 256u;
+    if prm.kind == 7u {
+        let n = j / 128u;
+        let p = (j % 128u) / 32u;
+        let l = j % 32u;
+        let byte = 64u * n + l + 32u * (p % 2u);
+        let lw = value_word(row, blk, byte / 4u) >> (8u * (byte % 4u) + select(0u, 4u, p >= 2u));
+        let hb = 32u * n + l;
+        let hw = value_word(row, blk, 32u + hb / 4u) >> (8u * (hb % 4u) + 2u * p);
+        let q = f32((lw & 15u) | ((hw & 3u) << 4u)) - 32.0;
+        let d = half(value_word(row, blk, 52u) & 65535u);
+        return d * k6scale(row, blk, 8u * n + l / 16u + 2u * p) * q;
+    }
+    let c = j / 64u;
+    let hi = (j % 64u) / 32u;
+    let l = j % 32u;
+    let q5 = prm.kind == 6u;
+    let qs_at = select(4u, 12u, q5);
+    var q = (value_word(row, blk, qs_at + 8u * c + l / 4u) >> (8u * (l % 4u) + 4u * hi)) & 15u;
+    if q5 {
+        q += 16u * ((value_word(row, blk, 4u + l / 4u) >> (8u * (l % 4u) + 2u * c + hi)) & 1u);
+    }
+    let sm = kscale(kheader(row, blk), kscales(row, blk), 2u * c + hi);
+    return sm.x * f32(q) - sm.y;
+}
+
 @compute @workgroup_size(WG)
 fn {{ entry_dequant }}(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -263,6 +410,10 @@ fn {{ entry_dequant }}(
         k = e / n;
     }
     let row = select(prm.ids[i], i, has(16u));
+    if prm.kind >= 5u {
+        y[e] = kvalue(row, k);
+        return;
+    }
     let blk = k / 32u;
     let j = k % 32u;
     if prm.kind >= 3u {

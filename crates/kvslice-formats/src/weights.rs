@@ -25,6 +25,7 @@ pub struct Tensor {
 
 /// The block formats a matrix can keep on the device as stored (see [`WeightSource::load_blocks`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
 pub enum BlockFormat {
     /// 32 values per 34-byte block: an f16 scale `d`, 32 signed bytes `q`; `x = d·q`.
     Q8_0,
@@ -38,11 +39,27 @@ pub enum BlockFormat {
     F16,
     /// bfloat16 values, 32 (64 bytes) to a block.
     BF16,
+    /// 256 values per 144-byte super-block: f16 `d` and `dmin`, 6-bit scales and minimums of
+    /// eight sub-blocks, 4-bit values (ggml's `block_q4_K`).
+    Q4_K,
+    /// 256 values per 176-byte super-block: [`BlockFormat::Q4_K`] with a fifth bit per value.
+    Q5_K,
+    /// 256 values per 210-byte super-block: 6-bit values, 8-bit scales of sixteen sub-blocks,
+    /// f16 `d` last (ggml's `block_q6_K`).
+    Q6_K,
 }
 
 impl BlockFormat {
-    /// Values per block.
+    /// Values per block of the 32-value formats.
     pub const VALUES: usize = 32;
+
+    /// Values per block: 256 for the K-quants' super-blocks, else 32.
+    pub fn values(self) -> usize {
+        match self {
+            BlockFormat::Q4_K | BlockFormat::Q5_K | BlockFormat::Q6_K => 256,
+            _ => Self::VALUES,
+        }
+    }
 
     /// Bytes per block in the file.
     pub fn block_bytes(self) -> usize {
@@ -51,18 +68,22 @@ impl BlockFormat {
             BlockFormat::Q4_0 => 18,
             BlockFormat::Q4_1 => 20,
             BlockFormat::F16 | BlockFormat::BF16 => 64,
+            BlockFormat::Q4_K => 144,
+            BlockFormat::Q5_K => 176,
+            BlockFormat::Q6_K => 210,
         }
     }
 }
 
 /// A 2-D weight as its file stores it: `rows` rows (HF layout: output features) of `cols`
-/// values each (input features, a multiple of 32), every row `cols / 32` blocks.
+/// values each (input features, a multiple of the format's block), every row `cols / V` blocks
+/// (`V` = [`BlockFormat::values`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blocks {
     pub format: BlockFormat,
     pub rows: usize,
     pub cols: usize,
-    /// `rows · cols / 32` blocks, row after row.
+    /// `rows · cols / V` blocks, row after row.
     pub bytes: Vec<u8>,
 }
 
@@ -268,6 +289,9 @@ impl<B: AsRef<[u8]>> WeightSource for GgufWeights<B> {
             GgmlType::Q4_1 => BlockFormat::Q4_1,
             GgmlType::F16 => BlockFormat::F16,
             GgmlType::BF16 => BlockFormat::BF16,
+            GgmlType::Q4_K => BlockFormat::Q4_K,
+            GgmlType::Q5_K => BlockFormat::Q5_K,
+            GgmlType::Q6_K => BlockFormat::Q6_K,
             _ => return Ok(None),
         };
         let shape = info.shape();
@@ -275,9 +299,9 @@ impl<B: AsRef<[u8]>> WeightSource for GgufWeights<B> {
         if matches!(format, BlockFormat::F16 | BlockFormat::BF16) && !cols.is_multiple_of(BlockFormat::VALUES) {
             return Ok(None);
         }
-        let row_bytes = cols / BlockFormat::VALUES * format.block_bytes();
+        let row_bytes = cols / format.values() * format.block_bytes();
         let raw = self.file.tensor_bytes(info);
-        if !cols.is_multiple_of(BlockFormat::VALUES) || raw.len() != rows * row_bytes {
+        if !cols.is_multiple_of(format.values()) || raw.len() != rows * row_bytes {
             return Err(FormatError::ShapeMismatch {
                 tensor: canonical.to_string(),
                 expected: vec![rows * row_bytes],

@@ -150,8 +150,9 @@ pub async fn run_all(device: &Device) -> Vec<CaseResult> {
         case!("rms_norm", format!("rows {rows} width {width} seed {seed}"), rms_norm_twin(device, rows, width, seed));
     }
     // 6. projections over quantized blocks
-    use crate::QuantFormat::{BF16, F16, Q4_0, Q4_1, Q8_0};
+    use crate::QuantFormat::{BF16, F16, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0};
     case!("dequantize", "hand-computed Q8_0 (subnormal scales too), Q4_0, Q4_1 blocks", dequant_hand(device));
+    case!("dequantize", "hand-computed Q4_K, Q6_K super-blocks", dequant_hand_k(device));
     for &(format, rows, cols, seed) in &[
         (Q8_0, 7usize, 96usize, 231u64),
         (Q4_0, 5, 64, 232),
@@ -159,6 +160,9 @@ pub async fn run_all(device: &Device) -> Vec<CaseResult> {
         (Q4_1, 1, 32, 234),
         (F16, 6, 64, 235),
         (BF16, 4, 96, 236),
+        (Q4_K, 3, 512, 237),
+        (Q5_K, 2, 768, 238),
+        (Q6_K, 5, 256, 239),
     ] {
         case!(
             "dequantize",
@@ -176,6 +180,10 @@ pub async fn run_all(device: &Device) -> Vec<CaseResult> {
         (Q4_0, 32, 1, Fuse { bias: false, norm: false, residual: false, swiglu: false }, 246),
         (F16, 576, 192, Fuse { bias: true, norm: true, residual: false, swiglu: false }, 247),
         (BF16, 96, 70, Fuse { bias: false, norm: true, residual: true, swiglu: true }, 248),
+        (Q4_K, 512, 96, Fuse { bias: false, norm: true, residual: false, swiglu: true }, 249),
+        (Q5_K, 768, 64, Fuse { bias: true, norm: true, residual: true, swiglu: false }, 250),
+        (Q6_K, 1536, 33, Fuse { bias: false, norm: false, residual: true, swiglu: false }, 251),
+        (Q6_K, 256, 130, Fuse { bias: true, norm: true, residual: false, swiglu: false }, 252),
     ] {
         case!(
             "qproject",
@@ -696,7 +704,21 @@ fn random_blocks(rng: &mut Rng, format: QuantFormat, rows: usize, cols: usize) -
         let r = rng.next_u64();
         (((r & 1) << 15) | (((r >> 1) % 16) << 10) | ((r >> 8) & 0x3ff)) as u16
     };
-    let mut out = Vec::with_capacity(rows * cols / 32 * format.block_bytes());
+    let mut out = Vec::with_capacity(rows * cols / format.values() * format.block_bytes());
+    if matches!(format, QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K) {
+        // random bytes, then finite f16 scales (d and dmin at the front; Q6_K's d at the end)
+        for _ in 0..rows * cols / 256 {
+            let mut block: Vec<u8> = (0..format.block_bytes()).map(|_| rng.next_u64() as u8).collect();
+            let at: &[usize] = if format == QuantFormat::Q6_K { &[208] } else { &[0, 2] };
+            for &a in at {
+                // below 2⁻⁴ in magnitude: a 6-bit scale and a 6-bit value keep the values small
+                let h = half(rng) & 0x83ff | ((u16::from(rng.next_u64() as u8) % 12) << 10);
+                block[a..a + 2].copy_from_slice(&h.to_le_bytes());
+            }
+            out.extend(block);
+        }
+        return out;
+    }
     if format == QuantFormat::F16 {
         out.extend((0..rows * cols).flat_map(|_| half(rng).to_le_bytes()));
         return out;
@@ -724,6 +746,9 @@ fn block_magnitudes(format: QuantFormat, bytes: &[u8]) -> Vec<f64> {
     if matches!(format, QuantFormat::F16 | QuantFormat::BF16) {
         return cpu::dequantize(format, 1, bytes.len() / 2, bytes).iter().map(|v| v.abs()).collect();
     }
+    if matches!(format, QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K) {
+        return cpu::k_terms(format, bytes).into_iter().map(|(a, m)| a.abs() + m.abs()).collect();
+    }
     let mut out = Vec::new();
     for block in bytes.chunks_exact(format.block_bytes()) {
         let d = cpu::f16_to_f64(u16::from_le_bytes([block[0], block[1]])).abs();
@@ -737,7 +762,7 @@ fn block_magnitudes(format: QuantFormat, bytes: &[u8]) -> Vec<f64> {
                 out.extend(qs.iter().map(|&q| d * f64::from(q & 15) + m));
                 out.extend(qs.iter().map(|&q| d * f64::from(q >> 4) + m));
             }
-            QuantFormat::F16 | QuantFormat::BF16 => unreachable!("returned above"),
+            _ => unreachable!("returned above"),
         }
     }
     out
@@ -769,6 +794,44 @@ async fn dequant_hand(dev: &Device) -> Check {
     let m = upload(QuantFormat::Q4_1, 1, 32, &[&[0x00, 0x34, 0x00, 0xbc][..], &qs].concat(), dev)?;
     let want: Vec<f32> = nibbles.iter().map(|q| q * 0.25 - 1.0).collect();
     c += equal("Q4_1", &read(kernel("dequantize", dequantize(&m, None, false))?).await?, &want)?;
+    Ok(c)
+}
+
+/// One Q4_K super-block whose sub-block j has scale sc_j = j + 1 and minimum m_j = j for
+/// j < 4, sc_j = 20 + j and m_j = 40 + j above (the high two bits packed into bytes 0..7),
+/// d = 1, dmin = 0.5, every nibble byte 0x21: the values are sc − m/2 (low nibbles, 1) and
+/// 2·sc − m/2 (high, 2). One Q6_K super-block with d = 0.5, scales j − 8, low-nibble bytes
+/// 0x31 and high-bit bytes 0xE4 (part p of each byte holds p): q = 1 − 32, 17 − 32, 3, 19 for
+/// parts 0..3, values d·sc·q.
+async fn dequant_hand_k(dev: &Device) -> Check {
+    let (sc, m) = (|j: usize| if j < 4 { j + 1 } else { 20 + j }, |j: usize| if j < 4 { j } else { 40 + j });
+    let mut scales = [0u8; 12];
+    for j in 0..4 {
+        scales[j] = (sc(j) | (sc(j + 4) >> 4) << 6) as u8;
+        scales[j + 4] = (m(j) | (m(j + 4) >> 4) << 6) as u8;
+        scales[j + 8] = ((sc(j + 4) & 15) | (m(j + 4) & 15) << 4) as u8;
+    }
+    let bytes = [&[0x00, 0x3c, 0x00, 0x38][..], &scales, &[0x21; 128]].concat();
+    let want: Vec<f32> = (0..256)
+        .map(|v| {
+            let j = v / 32;
+            let q = if j % 2 == 0 { 1.0 } else { 2.0 };
+            sc(j) as f32 * q - 0.5 * m(j) as f32
+        })
+        .collect();
+    let mat = upload(QuantFormat::Q4_K, 1, 256, &bytes, dev)?;
+    let mut c = equal("Q4_K", &read(kernel("dequantize", dequantize(&mat, None, false))?).await?, &want)?;
+    let scales: Vec<u8> = (0..16).map(|j| (j as i8 - 8) as u8).collect();
+    let bytes = [&[0x31; 128][..], &[0xE4; 64], &scales, &[0x00, 0x38]].concat();
+    let q = [-31.0f32, -15.0, 3.0, 19.0];
+    let want: Vec<f32> = (0..256)
+        .map(|v| {
+            let (n, p, l) = (v / 128, (v % 128) / 32, v % 32);
+            0.5 * ((8 * n + l / 16 + 2 * p) as f32 - 8.0) * q[p]
+        })
+        .collect();
+    let mat = upload(QuantFormat::Q6_K, 1, 256, &bytes, dev)?;
+    c += equal("Q6_K", &read(kernel("dequantize", dequantize(&mat, None, false))?).await?, &want)?;
     Ok(c)
 }
 

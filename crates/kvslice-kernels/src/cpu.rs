@@ -307,22 +307,24 @@ pub fn f16_to_f64(bits: u16) -> f64 {
 }
 
 /// Twin of [`crate::dequantize`] with every row, not transposed: the `[rows, cols]` matrix of
-/// GGUF blocks `bytes` (row after row, 32 values per block) as f64, from the block layouts'
-/// definitions: Q8_0 is `d: f16, q: [i8; 32]` with `x = d·q`; Q4_0 is `d: f16, qs: [u8; 16]`
-/// with `x_j = d·((qs_j & 15) − 8)` and `x_{j+16} = d·((qs_j >> 4) − 8)`; Q4_1 is
+/// GGUF blocks `bytes` (row after row) as f64, from the block layouts' definitions: Q8_0 is
+/// `d: f16, q: [i8; 32]` with `x = d·q`; Q4_0 is `d: f16, qs: [u8; 16]` with
+/// `x_j = d·((qs_j & 15) − 8)` and `x_{j+16} = d·((qs_j >> 4) − 8)`; Q4_1 is
 /// `d: f16, m: f16, qs: [u8; 16]` with `x_j = d·(qs_j & 15) + m`, `x_{j+16} = d·(qs_j >> 4) + m`;
-/// F16 and BF16 are the values themselves (a bfloat16 is the top half of an f32).
+/// F16 and BF16 are the values themselves (a bfloat16 is the top half of an f32); the
+/// K-quants as [`k_terms`] gives them.
 ///
 /// # Panics
-/// When `bytes` is not `rows · cols / 32` whole blocks.
+/// When `bytes` is not `rows · cols / V` whole blocks.
 pub fn dequantize(format: crate::QuantFormat, rows: usize, cols: usize, bytes: &[u8]) -> Vec<f64> {
-    use crate::QuantFormat::{BF16, F16, Q4_0, Q4_1, Q8_0};
+    use crate::QuantFormat::{BF16, F16, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0};
     let bb = format.block_bytes();
-    assert_eq!(bytes.len(), rows * cols / 32 * bb, "whole blocks");
+    assert_eq!(bytes.len(), rows * cols / format.values() * bb, "whole blocks");
     let halves = bytes.chunks_exact(2).map(|h| u16::from_le_bytes([h[0], h[1]]));
     match format {
         F16 => return halves.map(f16_to_f64).collect(),
         BF16 => return halves.map(|h| f64::from(f32::from_bits(u32::from(h) << 16))).collect(),
+        Q4_K | Q5_K | Q6_K => return k_terms(format, bytes).into_iter().map(|(a, m)| a - m).collect(),
         _ => {}
     }
     let mut out = Vec::with_capacity(rows * cols);
@@ -338,7 +340,71 @@ pub fn dequantize(format: crate::QuantFormat, rows: usize, cols: usize, bytes: &
                 out.extend(qs.iter().map(|&q| d * f64::from(q & 15) + m));
                 out.extend(qs.iter().map(|&q| d * f64::from(q >> 4) + m));
             }
-            F16 | BF16 => unreachable!("returned above"),
+            F16 | BF16 | Q4_K | Q5_K | Q6_K => unreachable!("returned above"),
+        }
+    }
+    out
+}
+
+/// The two terms of every value of K-quant super-blocks, `x = a − m`, from ggml's
+/// definitions (256 values a block, in order):
+/// - Q4_K `{d: f16, dmin: f16, scales: [u8; 12], qs: [u8; 128]}`: value `64c + l` (`l < 32`)
+///   is `d·sc_{2c}·(qs[32c + l] & 15) − dmin·m_{2c}`, value `64c + 32 + l` the same with the
+///   high nibble and sub-block `2c + 1`; `(sc_j, m_j)` are 6-bit: for `j < 4` the low 6 bits
+///   of `scales[j]` and `scales[j + 4]`, else `scales[j + 4] & 15 | (scales[j − 4] >> 6) << 4`
+///   and `scales[j + 4] >> 4 | (scales[j] >> 6) << 4`;
+/// - Q5_K `{d, dmin, scales, qh: [u8; 32], qs: [u8; 128]}`: Q4_K's values plus 16 where bit
+///   `2c` (low nibbles) or `2c + 1` (high nibbles) of `qh[l]` is set;
+/// - Q6_K `{ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16}`: in each half `n` of 128
+///   values, value `128n + 32p + l` (`p < 4`, `l < 32`) is `d·scales[8n + l/16 + 2p]·(q − 32)`
+///   with `q` = the low (`p < 2`) or high nibble of `ql[64n + l + 32(p mod 2)]`, plus
+///   `((qh[32n + l] >> 2p) & 3) << 4`; `m = 0`.
+pub fn k_terms(format: crate::QuantFormat, bytes: &[u8]) -> Vec<(f64, f64)> {
+    use crate::QuantFormat::{Q4_K, Q5_K, Q6_K};
+    let half = |b: &[u8], at: usize| f16_to_f64(u16::from_le_bytes([b[at], b[at + 1]]));
+    let mut out = Vec::with_capacity(bytes.len() / format.block_bytes() * 256);
+    for b in bytes.chunks_exact(format.block_bytes()) {
+        match format {
+            Q4_K | Q5_K => {
+                let (d, dmin, sc) = (half(b, 0), half(b, 2), &b[4..16]);
+                let scale_min = |j: usize| -> (f64, f64) {
+                    let (s, m) = if j < 4 {
+                        (sc[j] & 63, sc[j + 4] & 63)
+                    } else {
+                        ((sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4), (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4))
+                    };
+                    (f64::from(s), f64::from(m))
+                };
+                let (qh, qs) = if format == Q5_K { (Some(&b[16..48]), &b[48..176]) } else { (None, &b[16..144]) };
+                for c in 0..4 {
+                    for hi in 0..2 {
+                        let (s, m) = scale_min(2 * c + hi);
+                        for l in 0..32 {
+                            let byte = qs[32 * c + l];
+                            let mut q = if hi == 0 { byte & 15 } else { byte >> 4 };
+                            if let Some(qh) = qh {
+                                q += 16 * ((qh[l] >> (2 * c + hi)) & 1);
+                            }
+                            out.push((d * s * f64::from(q), dmin * m));
+                        }
+                    }
+                }
+            }
+            Q6_K => {
+                let (ql, qh, sc, d) = (&b[..128], &b[128..192], &b[192..208], half(b, 208));
+                for n in 0..2 {
+                    for p in 0..4 {
+                        for l in 0..32 {
+                            let byte = ql[64 * n + l + 32 * (p % 2)];
+                            let low = if p < 2 { byte & 15 } else { byte >> 4 };
+                            let q = i32::from(low | (((qh[32 * n + l] >> (2 * p)) & 3) << 4)) - 32;
+                            let s = f64::from(sc[8 * n + l / 16 + 2 * p] as i8);
+                            out.push((d * s * f64::from(q), 0.0));
+                        }
+                    }
+                }
+            }
+            _ => panic!("{format:?} is not a K-quant"),
         }
     }
     out

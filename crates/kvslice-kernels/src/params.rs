@@ -118,7 +118,7 @@ pub(crate) struct QProjectParams {
     pub rows: u32,
     /// Blocks per weight row.
     pub nb: u32,
-    /// 0: Q8_0, 1: Q4_0, 2: Q4_1.
+    /// 0: Q8_0, 1: Q4_0, 2: Q4_1, 3: F16, 4: BF16, 5: Q4_K, 6: Q5_K, 7: Q6_K.
     pub kind: u32,
     /// Bit 0: bias, 1: RMSNorm, 2: residual, 3: SwiGLU, 4: every row, 5: transpose.
     pub flags: u32,

@@ -1,9 +1,11 @@
 //! Weights kept in their quantized blocks on the device (`shaders/qproject.wgsl`).
 //!
-//! A GGUF Q8_0, Q4_0 or Q4_1 matrix, or an F16/BF16 one, is uploaded as its blocks ([`QuantMatrix::upload`]): the
-//! values' bytes unchanged, each block's f16 header widened to one 4-byte word (so every load
-//! is word-aligned): 36 bytes per 32 values for Q8_0 (34 in the file), 20 for Q4_0 (18) and
-//! 20 for Q4_1 (20), 64 for F16 and BF16 (64). The words are stored block-column-major (word `i` of block `b` of every
+//! A GGUF Q8_0, Q4_0, Q4_1, Q4_K, Q5_K or Q6_K matrix, or an F16/BF16 one, is uploaded as
+//! its blocks ([`QuantMatrix::upload`]): the values' bytes unchanged, each 32-value block's
+//! f16 header widened to one 4-byte word (so every load is word-aligned): 36 bytes per 32
+//! values for Q8_0 (34 in the file), 20 for Q4_0 (18) and 20 for Q4_1 (20), 64 for F16 and
+//! BF16 (64); the K-quants' 256-value super-blocks whole, 144 bytes for Q4_K (144), 176 for
+//! Q5_K (176), 212 for Q6_K (210). The words are stored block-column-major (word `i` of block `b` of every
 //! row side by side), so the invocations of a workgroup, one per output row, read adjacent
 //! words: the access pattern of the f32 projection's `[d_in, d_out]` layout. [`qproject`] runs one row through it with [`project`](crate::project)'s
 //! prologue and epilogues, dequantizing in registers; [`dequantize`] writes rows of it as f32
@@ -18,9 +20,10 @@ use crate::gpu::{self, Gpu, bind};
 use crate::params::QProjectParams;
 use crate::shader::{Family, QPROJECT_WG};
 
-/// Block formats [`QuantMatrix`] takes (GGUF's layouts, 32 values per block; F16 and BF16
-/// as 32 values of 2 bytes).
+/// Block formats [`QuantMatrix`] takes (GGUF's layouts: 32 values per block, 256 per
+/// super-block for the K-quants; F16 and BF16 as 32 values of 2 bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
 pub enum QuantFormat {
     /// f16 `d`, 32 × i8 `q`: `x = d·q` (34 bytes).
     Q8_0,
@@ -32,11 +35,29 @@ pub enum QuantFormat {
     F16,
     /// 32 bfloat16 values (64 bytes), no header.
     BF16,
+    /// 256 values in 8 sub-blocks of 32 (144 bytes): f16 `d` and `dmin`, 12 bytes of 6-bit
+    /// scales and minimums `(sc_j, m_j)`, 128 bytes of nibbles; `x = d·sc_j·q − dmin·m_j`.
+    Q4_K,
+    /// [`QuantFormat::Q4_K`] with a fifth bit per value from 32 bytes of high bits (176 bytes).
+    Q5_K,
+    /// 256 values in 16 sub-blocks of 16 (210 bytes): 128 bytes of low nibbles, 64 of 2-bit
+    /// high parts, 16 signed 8-bit scales, f16 `d`; `x = d·sc_j·(q − 32)`.
+    Q6_K,
 }
 
 impl QuantFormat {
-    /// Values per block.
+    /// Values per block of the 32-value formats.
     pub const VALUES: usize = 32;
+
+    /// Values per block (256 for the K-quants' super-blocks, else 32): a row's length must be
+    /// a multiple of it.
+    pub fn values(self) -> usize {
+        if self.is_k() { 256 } else { Self::VALUES }
+    }
+
+    fn is_k(self) -> bool {
+        matches!(self, QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K)
+    }
 
     /// Bytes per block as stored in a GGUF file.
     pub fn block_bytes(self) -> usize {
@@ -45,23 +66,30 @@ impl QuantFormat {
             QuantFormat::Q4_0 => 18,
             QuantFormat::Q4_1 => 20,
             QuantFormat::F16 | QuantFormat::BF16 => 64,
+            QuantFormat::Q4_K => 144,
+            QuantFormat::Q5_K => 176,
+            QuantFormat::Q6_K => 210,
         }
     }
 
-    /// Words of values per block on the device.
+    /// Words of values per block on the device (a K-quant super-block whole, its header
+    /// included, in the file's byte order; Q6_K's 210 bytes padded to 53 words).
     fn value_words(self) -> usize {
         match self {
             QuantFormat::Q8_0 => 8,
             QuantFormat::Q4_0 | QuantFormat::Q4_1 => 4,
             QuantFormat::F16 | QuantFormat::BF16 => 16,
+            QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K => self.block_bytes().div_ceil(4),
         }
     }
 
-    /// Bytes of the header in the file (before the values).
+    /// Bytes of the separate header in the file (before the values); none for the formats
+    /// whose blocks are stored whole.
     fn header_bytes(self) -> usize {
         match self {
             QuantFormat::Q4_1 => 4,
             QuantFormat::F16 | QuantFormat::BF16 => 0,
+            QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K => 0,
             _ => 2,
         }
     }
@@ -73,12 +101,15 @@ impl QuantFormat {
             QuantFormat::Q4_1 => 2,
             QuantFormat::F16 => 3,
             QuantFormat::BF16 => 4,
+            QuantFormat::Q4_K => 5,
+            QuantFormat::Q5_K => 6,
+            QuantFormat::Q6_K => 7,
         }
     }
 }
 
-/// A `[rows, cols]` matrix (rows: output features; cols: input features, a multiple of 32) in
-/// its blocks on a wgpu device.
+/// A `[rows, cols]` matrix (rows: output features; cols: input features, a multiple of the
+/// format's block) in its blocks on a wgpu device.
 #[derive(Debug, Clone)]
 pub struct QuantMatrix {
     format: QuantFormat,
@@ -97,25 +128,28 @@ fn bf16_non_finite(bits: u16) -> bool {
     (bits >> 7) & 0xff == 0xff
 }
 
-/// The device layout of `bytes` (`rows · cols / 32` blocks in the file's layout, row after
-/// row): every block's value words, word `i` of block `b` of row `r` at `(b·VW + i)·rows + r`
-/// (`VW` = 8 for Q8_0, 4 for Q4, 16 for F16/BF16: two values a word, the first in the low
-/// half), then every block's header word at `blocks·VW + b·rows + r` (none for F16/BF16).
-/// A NaN or infinite scale, offset or (F16/BF16) value is refused.
+/// The device layout of `bytes` (`rows · cols / V` blocks in the file's layout, row after
+/// row, `V` = [`QuantFormat::values`]): every block's value words, word `i` of block `b` of
+/// row `r` at `(b·VW + i)·rows + r` (`VW` = 8 for Q8_0, 4 for Q4, 16 for F16/BF16: two values
+/// a word, the first in the low half; for the K-quants the whole super-block, header
+/// included, 4 bytes a word in the file's order), then every block's header word at
+/// `blocks·VW + b·rows + r` (none for F16/BF16 and the K-quants). A NaN or infinite scale,
+/// offset or (F16/BF16) value is refused.
 pub fn pack_blocks(format: QuantFormat, rows: usize, cols: usize, bytes: &[u8]) -> Result<Vec<u32>> {
     for (what, v) in [("rows", rows), ("cols", cols)] {
         if v == 0 {
             return Err(KernelError::Empty { what });
         }
     }
-    if !cols.is_multiple_of(QuantFormat::VALUES) {
+    let per_block = format.values();
+    if !cols.is_multiple_of(per_block) {
         return Err(KernelError::Shape {
             tensor: "blocks",
-            expected: vec![rows, cols.next_multiple_of(32)],
+            expected: vec![rows, cols.next_multiple_of(per_block)],
             got: vec![rows, cols],
         });
     }
-    let blocks = rows * (cols / QuantFormat::VALUES);
+    let blocks = rows * (cols / per_block);
     let bb = format.block_bytes();
     if bytes.len() != blocks * bb {
         return Err(KernelError::Shape { tensor: "block bytes", expected: vec![blocks * bb], got: vec![bytes.len()] });
@@ -128,9 +162,24 @@ pub fn pack_blocks(format: QuantFormat, rows: usize, cols: usize, bytes: &[u8]) 
     gpu::check_u32("quantized words", total)?;
     let mut out = vec![0u32; total];
     let (values, headers) = out.split_at_mut(blocks * vw);
-    let nb = cols / QuantFormat::VALUES;
+    let nb = cols / per_block;
+    let half = |at: usize, block: &[u8]| u16::from_le_bytes([block[at], block[at + 1]]);
     for (b, block) in bytes.chunks_exact(bb).enumerate() {
         let (row, blk) = (b / nb, b % nb);
+        if format.is_k() {
+            // d and dmin at the front, Q6_K's d at the end
+            let scales =
+                if format == QuantFormat::Q6_K { [half(208, block), 0] } else { [half(0, block), half(2, block)] };
+            if scales.into_iter().any(f16_non_finite) {
+                return Err(KernelError::NonFiniteBlock { block: b, row });
+            }
+            for (i, word) in block.chunks(4).enumerate() {
+                let mut w = [0u8; 4];
+                w[..word.len()].copy_from_slice(word);
+                values[(blk * vw + i) * rows + row] = u32::from_le_bytes(w);
+            }
+            continue;
+        }
         if hb == 0 {
             let non_finite = if format == QuantFormat::F16 { f16_non_finite } else { bf16_non_finite };
             for (i, word) in block.chunks_exact(4).enumerate() {
@@ -187,14 +236,14 @@ impl QuantMatrix {
     }
 
     fn blocks(&self) -> usize {
-        self.rows * (self.cols / QuantFormat::VALUES)
+        self.rows * (self.cols / self.format.values())
     }
 
     fn params(&self, rows: usize, flags: u32, up_at: usize, groups_x: u32, eps: f32) -> QProjectParams {
         QProjectParams {
             d_in: self.cols as u32,
             rows: rows as u32,
-            nb: (self.cols / QuantFormat::VALUES) as u32,
+            nb: (self.cols / self.format.values()) as u32,
             kind: self.format.kind(),
             flags,
             meta_at: (self.blocks() * self.format.value_words()) as u32,

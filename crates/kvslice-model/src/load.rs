@@ -117,6 +117,9 @@ impl Loader<'_> {
             BlockFormat::Q4_1 => QuantFormat::Q4_1,
             BlockFormat::F16 => QuantFormat::F16,
             BlockFormat::BF16 => QuantFormat::BF16,
+            BlockFormat::Q4_K => QuantFormat::Q4_K,
+            BlockFormat::Q5_K => QuantFormat::Q5_K,
+            BlockFormat::Q6_K => QuantFormat::Q6_K,
         };
         let what = names.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(" | ");
         QuantMatrix::upload(format, rows, inp, &bytes, self.device)

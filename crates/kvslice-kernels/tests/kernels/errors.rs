@@ -174,6 +174,26 @@ fn quantized_weights_refuse_bad_blocks_and_shapes() {
     );
     let f16 = QuantMatrix::upload(QuantFormat::F16, 1, 32, &[0u8; 64], &dev).unwrap();
     assert_eq!(f16.device_bytes(), 64, "no header for 16-bit floats");
+    // K-quants: an infinite dmin (Q4_K, bytes 2..4), a NaN d at the end of a Q6_K block; rows
+    // of 256-value super-blocks only; Q6_K's 210 bytes padded to 212 on the device
+    let mut q4k = vec![0u8; 144 * 2];
+    q4k[144 + 2..144 + 4].copy_from_slice(&0xfc00u16.to_le_bytes());
+    assert_eq!(
+        QuantMatrix::upload(QuantFormat::Q4_K, 2, 256, &q4k, &dev).unwrap_err(),
+        KernelError::NonFiniteBlock { block: 1, row: 1 }
+    );
+    let mut q6k = vec![0u8; 210];
+    q6k[208..210].copy_from_slice(&0x7e00u16.to_le_bytes());
+    assert!(matches!(
+        QuantMatrix::upload(QuantFormat::Q6_K, 1, 256, &q6k, &dev),
+        Err(KernelError::NonFiniteBlock { block: 0, row: 0 })
+    ));
+    assert!(matches!(
+        QuantMatrix::upload(QuantFormat::Q5_K, 1, 128, &[0u8; 88], &dev),
+        Err(KernelError::Shape { tensor: "blocks", .. })
+    ));
+    let q6k = QuantMatrix::upload(QuantFormat::Q6_K, 3, 512, &vec![0u8; 210 * 6], &dev).unwrap();
+    assert_eq!(q6k.device_bytes(), 212 * 6);
     // columns that are not whole blocks, bytes that are not the blocks' length, no rows
     let one = block([0x00, 0x3c]);
     assert!(matches!(
