@@ -8,11 +8,12 @@
 // block-column-major so that adjacent rows are adjacent words: word `i` of block `blk` of row
 // `r` is at (blk · VW + i) · w_rows + r, VW = 8 words per Q8_0 block (four signed bytes each,
 // value 4i + j in byte j of word i), 4 per Q4 block (word i holds values 4i + j in the low
-// nibble of its byte j and 16 + 4i + j in the high nibble), 16 per F16/BF16 block (values 2i
-// and 2i + 1 in the low and high halves of word i). Then, from word `meta_at`, the headers at
-// meta_at + blk · w_rows + r (none for F16/BF16): the f16 scale d in the low half and, for
-// Q4_1, the f16 minimum m in the high half. Value = d·q (Q8_0), d·(q − 8) (Q4_0), d·q + m
-// (Q4_1), the 16-bit float itself (F16, BF16).
+// nibble of its byte j and 16 + 4i + j in the high nibble), 5 per Q5 block (word 0 holds
+// value j's fifth bit in bit j, words 1..4 the nibbles as Q4's), 16 per F16/BF16 block
+// (values 2i and 2i + 1 in the low and high halves of word i). Then, from word `meta_at`, the
+// headers at meta_at + blk · w_rows + r (none for F16/BF16): the f16 scale d in the low half
+// and, for Q4_1 and Q5_1, the f16 minimum m in the high half. Value = d·q (Q8_0), d·(q − 8)
+// (Q4_0), d·(q − 16) (Q5_0), d·q + m (Q4_1, Q5_1), the 16-bit float itself (F16, BF16).
 // The K-quants' blocks are super-blocks of 256 values stored whole, VW = 36 (Q4_K), 44 (Q5_K)
 // or 53 (Q6_K) words holding the file's bytes in order (byte 4i + j in byte j of word i), no
 // separate headers; their definitions are in crates/kvslice-kernels/src/cpu.rs (`k_terms`).
@@ -35,7 +36,7 @@ struct Params {
     rows: u32,
     // blocks per weight row
     nb: u32,
-    // 0: Q8_0, 1: Q4_0, 2: Q4_1, 3: F16, 4: BF16, 5: Q4_K, 6: Q5_K, 7: Q6_K
+    // 0: Q8_0, 1: Q4_0, 2: Q4_1, 3: F16, 4: BF16, 5: Q4_K, 6: Q5_K, 7: Q6_K, 8: Q5_0, 9: Q5_1
     kind: u32,
     // bit 0: bias, 1: RMSNorm, 2: residual, 3: SwiGLU, 4: every row, 5: transpose
     flags: u32,
@@ -47,6 +48,9 @@ struct Params {
     w_rows: u32,
     // workgroups along x (dequant's 2-D grid)
     groups_x: u32,
+    // project: the output row (and bias and residual entry) of weight row 0 (a part of a
+    // stacked matrix; 0 with SwiGLU)
+    row_at: u32,
     // RMSNorm ε
     eps: f32,
     // dequant: the weight rows to write
@@ -68,11 +72,18 @@ var<workgroup> partial: array<f32, WG>;
 
 fn has(bit: u32) -> bool { return (prm.flags & bit) != 0u; }
 
+// F16 or BF16 values.
+fn is_16bit() -> bool { return prm.kind == 3u || prm.kind == 4u; }
+
+// A K-quant's 256-value super-blocks.
+fn is_k() -> bool { return prm.kind >= 5u && prm.kind <= 7u; }
+
 // Words of values per block.
 fn block_words() -> u32 {
     switch prm.kind {
         case 0u: { return 8u; }
         case 1u, 2u: { return 4u; }
+        case 8u, 9u: { return 5u; }
         case 5u: { return 36u; }
         case 6u: { return 44u; }
         case 7u: { return 53u; }
@@ -104,7 +115,8 @@ fn half(bits: u32) -> f32 {
     return select(v, -v, (bits & 32768u) != 0u);
 }
 
-// (d, m) of block `blk` of row `row`; Q4_0's offset of 8 folds into m = −8·d.
+// (d, m) of block `blk` of row `row`; Q4_0's offset of 8 folds into m = −8·d, Q5_0's of 16
+// into m = −16·d.
 fn header(row: u32, blk: u32) -> vec2<f32> {
     let word = w[prm.meta_at + blk * prm.w_rows + row];
     let h = vec2<f32>(half(word & 65535u), half(word >> 16u));
@@ -113,6 +125,9 @@ fn header(row: u32, blk: u32) -> vec2<f32> {
     }
     if prm.kind == 1u {
         return vec2<f32>(h.x, -8.0 * h.x);
+    }
+    if prm.kind == 8u {
+        return vec2<f32>(h.x, -16.0 * h.x);
     }
     return h;
 }
@@ -142,6 +157,12 @@ fn hi4(word: u32) -> vec4<f32> {
         f32((word >> 20u) & 15u),
         f32((word >> 28u) & 15u),
     );
+}
+
+// Bits s..s+3 of `word`, one a lane.
+fn bits4(word: u32, s: u32) -> vec4<f32> {
+    let v = word >> s;
+    return vec4<f32>(f32(v & 1u), f32((v >> 1u) & 1u), f32((v >> 2u) & 1u), f32((v >> 3u) & 1u));
 }
 
 // Bit `b` (0..7) of each byte of `word`.
@@ -262,14 +283,14 @@ fn kblock_dot(row: u32, blk: u32, norm: bool) -> f32 {
 
 // Σ_j xin_j · value_j over block `blk` of weight row `row`.
 fn block_dot(row: u32, blk: u32, norm: bool) -> f32 {
-    if prm.kind >= 5u {
+    if is_k() {
         return kblock_dot(row, blk, norm);
     }
     let hd = header(row, blk);
     let k0 = blk * 32u;
     var dq = vec4<f32>(0.0);
     var sx = vec4<f32>(0.0);
-    if prm.kind >= 3u {
+    if is_16bit() {
         for (var i = 0u; i < 16u; i += 2u) {
             let w0 = value_word(row, blk, i);
             let w1 = value_word(row, blk, i + 1u);
@@ -284,11 +305,18 @@ fn block_dot(row: u32, blk: u32, norm: bool) -> f32 {
             dq += xv * q8(value_word(row, blk, i));
         }
     } else {
+        // Q4: four words of nibbles; Q5: the word of fifth bits first (bit j: value j)
+        let q5 = prm.kind >= 8u;
+        let at = select(0u, 1u, q5);
+        var qh = 0u;
+        if q5 {
+            qh = value_word(row, blk, 0u);
+        }
         for (var i = 0u; i < 4u; i++) {
-            let word = value_word(row, blk, i);
+            let word = value_word(row, blk, at + i);
             let xl = xin(k0 + 4u * i, norm);
             let xh = xin(k0 + 16u + 4u * i, norm);
-            dq += xl * lo4(word) + xh * hi4(word);
+            dq += xl * (lo4(word) + 16.0 * bits4(qh, 4u * i)) + xh * (hi4(word) + 16.0 * bits4(qh, 16u + 4u * i));
             sx += xl + xh;
         }
     }
@@ -351,14 +379,15 @@ fn {{ entry_project }}(
     for (var blk = 0u; blk < prm.nb; blk++) {
         acc += block_dot(row, blk, norm);
     }
+    let at = prm.row_at + row;
     var out = acc * scale;
     if has(1u) {
-        out += bias[row];
+        out += bias[at];
     }
     if has(4u) {
-        out += res[row];
+        out += res[at];
     }
-    y[row] = out;
+    y[at] = out;
 }
 
 // Value k of K-quant weight row `row`.
@@ -410,13 +439,13 @@ fn {{ entry_dequant }}(
         k = e / n;
     }
     let row = select(prm.ids[i], i, has(16u));
-    if prm.kind >= 5u {
+    if is_k() {
         y[e] = kvalue(row, k);
         return;
     }
     let blk = k / 32u;
     let j = k % 32u;
-    if prm.kind >= 3u {
+    if is_16bit() {
         y[e] = float16(value_word(row, blk, j / 2u), j % 2u == 1u);
         return;
     }
@@ -426,9 +455,14 @@ fn {{ entry_dequant }}(
         let word = value_word(row, blk, j / 4u);
         q = f32(bitcast<i32>(word << (24u - 8u * (j % 4u))) >> 24u);
     } else {
-        let word = value_word(row, blk, (j % 16u) / 4u);
+        let q5 = prm.kind >= 8u;
+        let word = value_word(row, blk, select(0u, 1u, q5) + (j % 16u) / 4u);
         let shift = 8u * (j % 4u) + select(0u, 4u, j >= 16u);
-        q = f32((word >> shift) & 15u);
+        var qi = (word >> shift) & 15u;
+        if q5 {
+            qi += 16u * ((value_word(row, blk, 0u) >> j) & 1u);
+        }
+        q = f32(qi);
     }
     y[e] = hd.x * q + hd.y;
 }

@@ -1,5 +1,6 @@
 """Write a small GGUF with one tensor per supported ggml type (F32, F16, BF16, Q8_0, Q4_0,
-Q4_1, Q4_K, Q5_K, Q6_K) and the f32 values gguf-py dequantizes them to.
+Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), one of an unsupported type (Q2_K), and the f32 values
+gguf-py dequantizes the supported ones to.
 
 Outputs (tests/golden/gguf-quant/):
   quant.gguf      written by gguf.GGUFWriter (GGUF v3, alignment 32)
@@ -46,9 +47,10 @@ def main() -> None:
         ("t_q4_1", T.Q4_1, (5, 64)),
         ("t_q4_1_1d", T.Q4_1, (128,)),
         ("t_q8_0_3d", T.Q8_0, (2, 3, 32)),
-        # an unsupported type, for the error path
         ("t_q5_0", T.Q5_0, (2, 32)),
     ]
+    # after the K-quants (so that the tensors above keep their bytes and offsets)
+    late_tensors = [("t_q5_1", T.Q5_1, (3, 64)), ("t_q5_0_b", T.Q5_0, (4, 96))]
 
     # K-quants: gguf-py dequantizes them but does not quantize, so their blocks are random
     # bytes with finite f16 scales (d, dmin for Q4_K/Q5_K at bytes 0..4; d for Q6_K at its end)
@@ -80,8 +82,7 @@ def main() -> None:
         w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
         deq = gguf.quants.dequantize(raw, qtype).astype(np.float32)
         assert deq.shape == shape, (name, deq.shape, shape)
-        if qtype != T.Q5_0:
-            expected[name] = np.ascontiguousarray(deq)
+        expected[name] = np.ascontiguousarray(deq)
     for name, qtype, shape, block_bytes, halves in k_tensors:
         rows, cols = shape
         raw = rng.integers(0, 256, size=(rows, cols // 256 * block_bytes), dtype=np.uint8)
@@ -94,6 +95,16 @@ def main() -> None:
         assert deq.shape == shape, (name, deq.shape, shape)
         assert np.isfinite(deq).all(), name
         expected[name] = np.ascontiguousarray(deq)
+    for name, qtype, shape in late_tensors:
+        x = values(shape)
+        raw = gguf.quants.quantize(x, qtype)
+        w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
+        deq = gguf.quants.dequantize(raw, qtype).astype(np.float32)
+        assert deq.shape == shape, (name, deq.shape, shape)
+        expected[name] = np.ascontiguousarray(deq)
+    # an unsupported type, for the error path: one random Q2_K super-block
+    raw = rng.integers(0, 256, size=(1, 84), dtype=np.uint8)
+    w.add_tensor("t_q2_k", raw, raw_shape=raw.shape, raw_dtype=T.Q2_K)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

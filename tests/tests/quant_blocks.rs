@@ -32,6 +32,8 @@ fn device_blocks_dequantize_and_project_as_gguf_py() {
             GgmlType::Q8_0 => QuantFormat::Q8_0,
             GgmlType::Q4_0 => QuantFormat::Q4_0,
             GgmlType::Q4_1 => QuantFormat::Q4_1,
+            GgmlType::Q5_0 => QuantFormat::Q5_0,
+            GgmlType::Q5_1 => QuantFormat::Q5_1,
             GgmlType::F16 => QuantFormat::F16,
             GgmlType::BF16 => QuantFormat::BF16,
             GgmlType::Q4_K => QuantFormat::Q4_K,

@@ -315,3 +315,75 @@ fn a_prompt_of_the_whole_context_on_wgpu_matches_the_cpu() {
     }
     eprintln!("{n}-token prompt: worst relative difference cpu vs wgpu {worst:.1e}");
 }
+
+/// A GGUF whose fused projections mix block formats, as the files people download do (a
+/// Q4_K_M file stores `v` in Q6_K or Q8_0 beside Q4_K or Q5_0 `q` and `k`): the tiny llama's
+/// `v` from its Q8_0 file, every other tensor from its Q4_0 file.
+struct MixedFormats {
+    base: kvslice_formats::GgufWeights<Vec<u8>>,
+    v: kvslice_formats::GgufWeights<Vec<u8>>,
+}
+
+impl MixedFormats {
+    fn pick(&self, canonical: &str) -> &dyn WeightSource {
+        if canonical.ends_with("v_proj.weight") { &self.v } else { &self.base }
+    }
+}
+
+impl WeightSource for MixedFormats {
+    fn config(&self) -> &ModelConfig {
+        self.base.config()
+    }
+    fn shape(&self, canonical: &str) -> Option<Vec<usize>> {
+        self.pick(canonical).shape(canonical)
+    }
+    fn load(&self, canonical: &str) -> kvslice_formats::Result<kvslice_formats::Tensor> {
+        self.pick(canonical).load(canonical)
+    }
+    fn stored_bytes(&self, canonical: &str) -> Option<u64> {
+        self.pick(canonical).stored_bytes(canonical)
+    }
+    fn load_blocks(&self, canonical: &str) -> kvslice_formats::Result<Option<kvslice_formats::Blocks>> {
+        self.pick(canonical).load_blocks(canonical)
+    }
+}
+
+/// On wgpu the mixed q|k|v stays in its two formats (one launch each into the same output)
+/// instead of loading as f32. The reference is the CPU backend on the same weights, which
+/// dequantizes both files exactly as gguf-py does (tests/gguf.rs) and which the golden tests
+/// above check against transformers for each file alone; the tolerance is theirs.
+#[test]
+fn mixed_block_formats_stay_on_the_device() {
+    use kvslice_kernels::QuantFormat;
+    let read = |file: &str| {
+        kvslice_formats::GgufWeights::new(std::fs::read(golden_dir().join("tiny-gguf").join(file)).unwrap()).unwrap()
+    };
+    let source = MixedFormats { base: read("tiny-llama-Q4_0.gguf"), v: read("tiny-llama-Q8_0.gguf") };
+    let on_gpu = load_llama(&source, &wgpu()).unwrap();
+    let reference = load_llama(&source, &cpu()).unwrap();
+    for layer in &on_gpu.weights.layers {
+        let qkv = layer.self_attn.qkv_proj.quant.as_ref().expect("q|k|v kept in blocks");
+        assert_eq!(qkv.formats(), [QuantFormat::Q4_0, QuantFormat::Q8_0]);
+        assert!(layer.self_attn.qkv_proj.weight.is_none());
+    }
+    let file = kvslice_formats::model_file_bytes(&source).unwrap();
+    assert!(
+        on_gpu.device_bytes() * 100 <= file * 115,
+        "{} device bytes for {file} in the files",
+        on_gpu.device_bytes()
+    );
+
+    let golden = golden_json("tiny-gguf/golden.json");
+    let tokens = ids(&golden["files"]["tiny-llama-Q4_0.gguf"]["sequences"][0]["token_ids"]);
+    let rows: Vec<usize> = (0..tokens.len()).collect();
+    let want = pollster::block_on(Session::new(&reference, tokens.len()).unwrap().logits_at(&tokens, &rows)).unwrap();
+    let got = pollster::block_on(Session::new(&on_gpu, tokens.len()).unwrap().logits_at(&tokens, &rows)).unwrap();
+    let mut session = Session::new(&on_gpu, tokens.len()).unwrap();
+    let vocab = on_gpu.config.vocab_size;
+    for (i, (t, w)) in tokens.iter().zip(&want).enumerate() {
+        let w = serde_json::json!(w);
+        compare(&got[i], &w, vocab, &format!("mixed: prompt row {i}"));
+        let step = pollster::block_on(session.next_logits(&[*t])).unwrap();
+        compare(&step, &w, vocab, &format!("mixed: decode step {i}"));
+    }
+}

@@ -66,7 +66,7 @@ pub enum FormatError {
 
     /// A known ggml type that cannot be dequantized by this crate.
     #[error(
-        "tensor {tensor:?}: ggml type {type_name} is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K)"
+        "tensor {tensor:?}: ggml type {type_name} is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)"
     )]
     UnsupportedGgmlType { tensor: String, type_name: &'static str },
 

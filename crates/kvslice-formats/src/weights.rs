@@ -35,6 +35,12 @@ pub enum BlockFormat {
     /// 32 values per 20-byte block: f16 `d` and `m`, then the nibbles as [`BlockFormat::Q4_0`];
     /// `x = d·q + m`.
     Q4_1,
+    /// 32 values per 22-byte block: an f16 scale `d`, 4 bytes of fifth bits `qh` (bit `j` for
+    /// value `j`), the nibbles as [`BlockFormat::Q4_0`]; `x = d·(q − 16)`.
+    Q5_0,
+    /// 32 values per 24-byte block: f16 `d` and `m`, then `qh` and the nibbles as
+    /// [`BlockFormat::Q5_0`]; `x = d·q + m`.
+    Q5_1,
     /// IEEE binary16 values, 32 (64 bytes) to a block.
     F16,
     /// bfloat16 values, 32 (64 bytes) to a block.
@@ -67,6 +73,8 @@ impl BlockFormat {
             BlockFormat::Q8_0 => 34,
             BlockFormat::Q4_0 => 18,
             BlockFormat::Q4_1 => 20,
+            BlockFormat::Q5_0 => 22,
+            BlockFormat::Q5_1 => 24,
             BlockFormat::F16 | BlockFormat::BF16 => 64,
             BlockFormat::Q4_K => 144,
             BlockFormat::Q5_K => 176,
@@ -287,6 +295,8 @@ impl<B: AsRef<[u8]>> WeightSource for GgufWeights<B> {
             GgmlType::Q8_0 => BlockFormat::Q8_0,
             GgmlType::Q4_0 => BlockFormat::Q4_0,
             GgmlType::Q4_1 => BlockFormat::Q4_1,
+            GgmlType::Q5_0 => BlockFormat::Q5_0,
+            GgmlType::Q5_1 => BlockFormat::Q5_1,
             GgmlType::F16 => BlockFormat::F16,
             GgmlType::BF16 => BlockFormat::BF16,
             GgmlType::Q4_K => BlockFormat::Q4_K,

@@ -76,19 +76,22 @@ fn golden_tensor_infos() {
             ("t_q4_k", GgmlType::Q4_K, vec![2, 512]),
             ("t_q5_k", GgmlType::Q5_K, vec![3, 256]),
             ("t_q6_k", GgmlType::Q6_K, vec![2, 256]),
+            ("t_q5_1", GgmlType::Q5_1, vec![3, 64]),
+            ("t_q5_0_b", GgmlType::Q5_0, vec![4, 96]),
+            ("t_q2_k", GgmlType::Q2_K, vec![1, 256]),
         ]
     );
     let abs: Vec<u64> = f.tensors().iter().map(|t| f.data_start() + t.offset).collect();
-    assert_eq!(abs, [1056, 1152, 1440, 1856, 2272, 2496, 2720, 2816, 3040, 3104, 3680, 4224]);
+    assert_eq!(abs, [1184, 1280, 1568, 1984, 2400, 2624, 2848, 2944, 3168, 3232, 3808, 4352, 4800, 4960, 5248]);
     let sizes: Vec<u64> = f.tensors().iter().map(|t| t.n_bytes).collect();
-    assert_eq!(sizes, [84, 264, 400, 408, 216, 200, 80, 204, 44, 576, 528, 420]);
+    assert_eq!(sizes, [84, 264, 400, 408, 216, 200, 80, 204, 44, 576, 528, 420, 144, 264, 84]);
 }
 
 #[test]
 fn dequantize_matches_gguf_py_exactly() {
     let f = GgufFile::parse(quant_bytes()).unwrap();
     let expected = expected_tensors("gguf-quant/expected.safetensors");
-    assert_eq!(expected.len(), 11);
+    assert_eq!(expected.len(), 14);
     for (name, shape, want) in expected {
         let info = f.tensor_info(&name).unwrap();
         assert_eq!(info.shape(), shape, "{name}");
@@ -107,10 +110,10 @@ fn dequantize_matches_gguf_py_exactly() {
 #[test]
 fn unsupported_type_names_tensor_and_type() {
     let f = GgufFile::parse(quant_bytes()).unwrap();
-    match f.tensor_f32("t_q5_0") {
+    match f.tensor_f32("t_q2_k") {
         Err(e @ FormatError::UnsupportedGgmlType { .. }) => {
             let msg = e.to_string();
-            assert!(msg.contains("t_q5_0") && msg.contains("Q5_0"), "{msg}");
+            assert!(msg.contains("t_q2_k") && msg.contains("Q2_K"), "{msg}");
         }
         other => panic!("{other:?}"),
     }

@@ -150,8 +150,12 @@ pub async fn run_all(device: &Device) -> Vec<CaseResult> {
         case!("rms_norm", format!("rows {rows} width {width} seed {seed}"), rms_norm_twin(device, rows, width, seed));
     }
     // 6. projections over quantized blocks
-    use crate::QuantFormat::{BF16, F16, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0};
-    case!("dequantize", "hand-computed Q8_0 (subnormal scales too), Q4_0, Q4_1 blocks", dequant_hand(device));
+    use crate::QuantFormat::{BF16, F16, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
+    case!(
+        "dequantize",
+        "hand-computed Q8_0 (subnormal scales too), Q4_0, Q4_1, Q5_0, Q5_1 blocks",
+        dequant_hand(device)
+    );
     case!("dequantize", "hand-computed Q4_K, Q6_K super-blocks", dequant_hand_k(device));
     for &(format, rows, cols, seed) in &[
         (Q8_0, 7usize, 96usize, 231u64),
@@ -163,6 +167,8 @@ pub async fn run_all(device: &Device) -> Vec<CaseResult> {
         (Q4_K, 3, 512, 237),
         (Q5_K, 2, 768, 238),
         (Q6_K, 5, 256, 239),
+        (Q5_0, 3, 96, 240),
+        (Q5_1, 2, 64, 253),
     ] {
         case!(
             "dequantize",
@@ -184,6 +190,8 @@ pub async fn run_all(device: &Device) -> Vec<CaseResult> {
         (Q5_K, 768, 64, Fuse { bias: true, norm: true, residual: true, swiglu: false }, 250),
         (Q6_K, 1536, 33, Fuse { bias: false, norm: false, residual: true, swiglu: false }, 251),
         (Q6_K, 256, 130, Fuse { bias: true, norm: true, residual: false, swiglu: false }, 252),
+        (Q5_0, 576, 192, Fuse { bias: false, norm: true, residual: false, swiglu: true }, 254),
+        (Q5_1, 160, 70, Fuse { bias: true, norm: false, residual: true, swiglu: false }, 255),
     ] {
         case!(
             "qproject",
@@ -191,6 +199,11 @@ pub async fn run_all(device: &Device) -> Vec<CaseResult> {
             qproject_twin(device, format, d_in, d_out, fuse, seed)
         );
     }
+    case!(
+        "qproject",
+        "stacked Q4_K 40 rows | Q6_K 8 | Q8_0 8, d_in 512, bias, norm, residual; its dequantized transpose; seed 256",
+        qproject_stacked(device, 256)
+    );
     out
 }
 
@@ -731,10 +744,14 @@ fn random_blocks(rng: &mut Rng, format: QuantFormat, rows: usize, cols: usize) -
     }
     for _ in 0..rows * cols / 32 {
         out.extend(half(rng).to_le_bytes());
-        if format == QuantFormat::Q4_1 {
+        if matches!(format, QuantFormat::Q4_1 | QuantFormat::Q5_1) {
             out.extend(half(rng).to_le_bytes());
         }
-        let n = if format == QuantFormat::Q8_0 { 32 } else { 16 };
+        let n = match format {
+            QuantFormat::Q8_0 => 32,
+            QuantFormat::Q5_0 | QuantFormat::Q5_1 => 20,
+            _ => 16,
+        };
         out.extend((0..n).map(|_| rng.next_u64() as u8));
     }
     out
@@ -748,6 +765,24 @@ fn block_magnitudes(format: QuantFormat, bytes: &[u8]) -> Vec<f64> {
     }
     if matches!(format, QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K) {
         return cpu::k_terms(format, bytes).into_iter().map(|(a, m)| a.abs() + m.abs()).collect();
+    }
+    if matches!(format, QuantFormat::Q5_0 | QuantFormat::Q5_1) {
+        // |d|·q + |m| with m = −16·d for Q5_0: the magnitudes of d·(value + 16) and of m
+        let n = bytes.len() / format.block_bytes() * 32;
+        let values = cpu::dequantize(format, 1, n, bytes);
+        return bytes
+            .chunks_exact(format.block_bytes())
+            .zip(values.chunks_exact(32))
+            .flat_map(|(block, v)| {
+                let d = cpu::f16_to_f64(u16::from_le_bytes([block[0], block[1]]));
+                let m = if format == QuantFormat::Q5_1 {
+                    cpu::f16_to_f64(u16::from_le_bytes([block[2], block[3]]))
+                } else {
+                    -16.0 * d
+                };
+                v.iter().map(move |x| (x - m).abs() + m.abs()).collect::<Vec<_>>()
+            })
+            .collect();
     }
     let mut out = Vec::new();
     for block in bytes.chunks_exact(format.block_bytes()) {
@@ -794,6 +829,15 @@ async fn dequant_hand(dev: &Device) -> Check {
     let m = upload(QuantFormat::Q4_1, 1, 32, &[&[0x00, 0x34, 0x00, 0xbc][..], &qs].concat(), dev)?;
     let want: Vec<f32> = nibbles.iter().map(|q| q * 0.25 - 1.0).collect();
     c += equal("Q4_1", &read(kernel("dequantize", dequantize(&m, None, false))?).await?, &want)?;
+    // Q5_0, d = 1, fifth bits set for values 16..31 only: x = q − 16, so j − 16 below 16 and
+    // (15 − (j − 16)) + 16 − 16 above; Q5_1 with d = 0.5, m = 1 and every fifth bit set
+    let m = upload(QuantFormat::Q5_0, 1, 32, &[&[0x00, 0x3c, 0x00, 0x00, 0xff, 0xff][..], &qs].concat(), dev)?;
+    let want: Vec<f32> = (0..32).map(|j| if j < 16 { j as f32 - 16.0 } else { 31.0 - j as f32 }).collect();
+    c += equal("Q5_0", &read(kernel("dequantize", dequantize(&m, None, false))?).await?, &want)?;
+    let m =
+        upload(QuantFormat::Q5_1, 1, 32, &[&[0x00, 0x38, 0x00, 0x3c, 0xff, 0xff, 0xff, 0xff][..], &qs].concat(), dev)?;
+    let want: Vec<f32> = nibbles.iter().map(|q| 0.5 * (q + 16.0) + 1.0).collect();
+    c += equal("Q5_1", &read(kernel("dequantize", dequantize(&m, None, false))?).await?, &want)?;
     Ok(c)
 }
 
@@ -914,6 +958,56 @@ async fn qproject_twin(dev: &Device, format: QuantFormat, d_in: usize, d_out: us
     let w_abs = transpose(&block_magnitudes(format, &bytes));
     let inputs = ProjectInputs { x: &x, w: &w, w_abs: &w_abs, b: b.as_deref(), g: g.as_deref(), eps, r: r.as_deref() };
     project_check(&got, &inputs, fuse.swiglu, d_out)
+}
+
+/// A q|k|v-like matrix whose parts keep different formats ([`QuantMatrix::stack`]): one launch
+/// per part into the shared output, against [`cpu::project`] over the parts' rows stacked,
+/// and the whole matrix dequantized as a matmul's `[d_in, rows]` weight.
+async fn qproject_stacked(dev: &Device, seed: u64) -> Check {
+    let mut rng = Rng::new(seed);
+    let d_in = 512;
+    let parts = [(QuantFormat::Q4_K, 40usize), (QuantFormat::Q6_K, 8), (QuantFormat::Q8_0, 8)];
+    let rows: usize = parts.iter().map(|p| p.1).sum();
+    let (mut matrices, mut values, mut magnitudes) = (Vec::new(), Vec::new(), Vec::new());
+    for &(format, r) in &parts {
+        let bytes = random_blocks(&mut rng, format, r, d_in);
+        matrices.push(upload(format, r, d_in, &bytes, dev)?);
+        values.extend(cpu::dequantize(format, r, d_in, &bytes));
+        magnitudes.extend(block_magnitudes(format, &bytes));
+    }
+    let m = kernel("stack", QuantMatrix::stack(matrices))?;
+    if m.formats() != parts.iter().map(|p| p.0).collect::<Vec<_>>() {
+        return Err(format!("formats {:?}", m.formats()));
+    }
+    let x = rng.vec(d_in, 1.5);
+    let b = rng.vec(rows, 0.5);
+    let g: Vec<f32> = (0..d_in).map(|_| 1.0 + 0.5 * rng.unit()).collect();
+    let r = rng.vec(rows, 3.0);
+    let eps = 1e-5f32;
+    let (gt, rt) = (f1(g.clone(), dev), f2(r.clone(), [1, rows], dev));
+    let fusion = crate::Fusion { norm: Some((&gt, eps)), residual: Some(&rt), swiglu: false };
+    let out = kernel("qproject", qproject(&f2(x.clone(), [1, d_in], dev), &m, Some(&f1(b.clone(), dev)), fusion))?;
+    if out.dims() != [1, rows] {
+        return Err(format!("shape {:?}, want [1, {rows}]", out.dims()));
+    }
+    let got = read(out).await?;
+    let transpose =
+        |v: &[f64]| -> Vec<f32> { (0..d_in * rows).map(|e| v[(e % rows) * d_in + e / rows] as f32).collect() };
+    let (w, w_abs) = (transpose(&values), transpose(&magnitudes));
+    let inputs = ProjectInputs { x: &x, w: &w, w_abs: &w_abs, b: Some(&b), g: Some(&g), eps, r: Some(&r) };
+    let mut c = project_check(&got, &inputs, false, rows)?;
+    let t = kernel("dequantize", dequantize(&m, None, true))?;
+    if t.dims() != [d_in, rows] {
+        return Err(format!("transposed shape {:?}, want [{d_in}, {rows}]", t.dims()));
+    }
+    let want_t: Vec<f64> = (0..d_in * rows).map(|e| values[(e % rows) * d_in + e / rows]).collect();
+    c += close("transposed", &read(t).await?, &want_t, f64::from(f32::EPSILON) / 2.0, 0.0)?;
+    // SwiGLU reads gate and up rows together: it needs one format
+    let fusion = crate::Fusion { swiglu: true, ..Default::default() };
+    if qproject(&f2(x, [1, d_in], dev), &m, None, fusion).is_ok() {
+        return Err("SwiGLU over a stacked matrix was accepted".into());
+    }
+    Ok(c)
 }
 
 async fn rope_hand(dev: &Device) -> Check {

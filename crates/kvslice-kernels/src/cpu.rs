@@ -311,13 +311,14 @@ pub fn f16_to_f64(bits: u16) -> f64 {
 /// `d: f16, q: [i8; 32]` with `x = d·q`; Q4_0 is `d: f16, qs: [u8; 16]` with
 /// `x_j = d·((qs_j & 15) − 8)` and `x_{j+16} = d·((qs_j >> 4) − 8)`; Q4_1 is
 /// `d: f16, m: f16, qs: [u8; 16]` with `x_j = d·(qs_j & 15) + m`, `x_{j+16} = d·(qs_j >> 4) + m`;
-/// F16 and BF16 are the values themselves (a bfloat16 is the top half of an f32); the
+/// Q5_0 and Q5_1 are Q4_0 and Q4_1 with `qh: u32` before `qs`, bit `j` of it adding 16 to
+/// value `j`'s nibble, and Q5_0's offset 16 instead of 8; F16 and BF16 are the values themselves (a bfloat16 is the top half of an f32); the
 /// K-quants as [`k_terms`] gives them.
 ///
 /// # Panics
 /// When `bytes` is not `rows · cols / V` whole blocks.
 pub fn dequantize(format: crate::QuantFormat, rows: usize, cols: usize, bytes: &[u8]) -> Vec<f64> {
-    use crate::QuantFormat::{BF16, F16, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0};
+    use crate::QuantFormat::{BF16, F16, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
     let bb = format.block_bytes();
     assert_eq!(bytes.len(), rows * cols / format.values() * bb, "whole blocks");
     let halves = bytes.chunks_exact(2).map(|h| u16::from_le_bytes([h[0], h[1]]));
@@ -339,6 +340,19 @@ pub fn dequantize(format: crate::QuantFormat, rows: usize, cols: usize, bytes: &
                 };
                 out.extend(qs.iter().map(|&q| d * f64::from(q & 15) + m));
                 out.extend(qs.iter().map(|&q| d * f64::from(q >> 4) + m));
+            }
+            Q5_0 | Q5_1 => {
+                let (m, at) = match format {
+                    Q5_1 => (f16_to_f64(u16::from_le_bytes([block[2], block[3]])), 4),
+                    _ => (-16.0 * d, 2),
+                };
+                let qh = u32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]]);
+                let qs = &block[at + 4..];
+                for j in 0..32 {
+                    let nibble = if j < 16 { qs[j] & 15 } else { qs[j - 16] >> 4 };
+                    let q = u32::from(nibble) + 16 * ((qh >> j) & 1);
+                    out.push(d * f64::from(q) + m);
+                }
             }
             F16 | BF16 | Q4_K | Q5_K | Q6_K => unreachable!("returned above"),
         }

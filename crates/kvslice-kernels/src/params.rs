@@ -118,7 +118,7 @@ pub(crate) struct QProjectParams {
     pub rows: u32,
     /// Blocks per weight row.
     pub nb: u32,
-    /// 0: Q8_0, 1: Q4_0, 2: Q4_1, 3: F16, 4: BF16, 5: Q4_K, 6: Q5_K, 7: Q6_K.
+    /// 0: Q8_0, 1: Q4_0, 2: Q4_1, 3: F16, 4: BF16, 5: Q4_K, 6: Q5_K, 7: Q6_K, 8: Q5_0, 9: Q5_1.
     pub kind: u32,
     /// Bit 0: bias, 1: RMSNorm, 2: residual, 3: SwiGLU, 4: every row, 5: transpose.
     pub flags: u32,
@@ -130,6 +130,8 @@ pub(crate) struct QProjectParams {
     pub w_rows: u32,
     /// Workgroups along x.
     pub groups_x: u32,
+    /// Output row of the first row computed (a part of a stacked matrix).
+    pub row_at: u32,
     /// RMSNorm ε.
     pub eps: f32,
 }
@@ -171,7 +173,7 @@ pub fn layout(family: Family) -> Option<Layout> {
         Family::Project | Family::Project4 => layout_of!(ProjectParams { d_in, cols, w_stride, flags, eps }),
         Family::Step => layout_of!(StepParams { heads, kv_heads, head_dim, width, eps }),
         Family::QProject => layout_of!(
-            QProjectParams { d_in, rows, nb, kind, flags, meta_at, up_at, w_rows, groups_x, eps },
+            QProjectParams { d_in, rows, nb, kind, flags, meta_at, up_at, w_rows, groups_x, row_at, eps },
             tail "ids"
         ),
     })

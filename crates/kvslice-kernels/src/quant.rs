@@ -1,10 +1,10 @@
 //! Weights kept in their quantized blocks on the device (`shaders/qproject.wgsl`).
 //!
-//! A GGUF Q8_0, Q4_0, Q4_1, Q4_K, Q5_K or Q6_K matrix, or an F16/BF16 one, is uploaded as
+//! A GGUF Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K matrix, or an F16/BF16 one, is uploaded as
 //! its blocks ([`QuantMatrix::upload`]): the values' bytes unchanged, each 32-value block's
 //! f16 header widened to one 4-byte word (so every load is word-aligned): 36 bytes per 32
-//! values for Q8_0 (34 in the file), 20 for Q4_0 (18) and 20 for Q4_1 (20), 64 for F16 and
-//! BF16 (64); the K-quants' 256-value super-blocks whole, 144 bytes for Q4_K (144), 176 for
+//! values for Q8_0 (34 in the file), 20 for Q4_0 (18), 20 for Q4_1 (20), 24 for Q5_0 (22)
+//! and Q5_1 (24), 64 for F16 and BF16 (64); the K-quants' 256-value super-blocks whole, 144 bytes for Q4_K (144), 176 for
 //! Q5_K (176), 212 for Q6_K (210). The words are stored block-column-major (word `i` of block `b` of every
 //! row side by side), so the invocations of a workgroup, one per output row, read adjacent
 //! words: the access pattern of the f32 projection's `[d_in, d_out]` layout. [`qproject`] runs one row through it with [`project`](crate::project)'s
@@ -31,6 +31,11 @@ pub enum QuantFormat {
     Q4_0,
     /// f16 `d`, f16 `m`, 16 bytes of nibbles: `x = d·q + m` (20 bytes).
     Q4_1,
+    /// f16 `d`, 4 bytes of fifth bits `qh` (bit `j` for value `j`), 16 bytes of nibbles:
+    /// `x = d·(q − 16)` (22 bytes).
+    Q5_0,
+    /// f16 `d`, f16 `m`, then `qh` and the nibbles as Q5_0: `x = d·q + m` (24 bytes).
+    Q5_1,
     /// 32 IEEE binary16 values (64 bytes), no header.
     F16,
     /// 32 bfloat16 values (64 bytes), no header.
@@ -65,6 +70,8 @@ impl QuantFormat {
             QuantFormat::Q8_0 => 34,
             QuantFormat::Q4_0 => 18,
             QuantFormat::Q4_1 => 20,
+            QuantFormat::Q5_0 => 22,
+            QuantFormat::Q5_1 => 24,
             QuantFormat::F16 | QuantFormat::BF16 => 64,
             QuantFormat::Q4_K => 144,
             QuantFormat::Q5_K => 176,
@@ -78,6 +85,7 @@ impl QuantFormat {
         match self {
             QuantFormat::Q8_0 => 8,
             QuantFormat::Q4_0 | QuantFormat::Q4_1 => 4,
+            QuantFormat::Q5_0 | QuantFormat::Q5_1 => 5,
             QuantFormat::F16 | QuantFormat::BF16 => 16,
             QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K => self.block_bytes().div_ceil(4),
         }
@@ -87,7 +95,7 @@ impl QuantFormat {
     /// whose blocks are stored whole.
     fn header_bytes(self) -> usize {
         match self {
-            QuantFormat::Q4_1 => 4,
+            QuantFormat::Q4_1 | QuantFormat::Q5_1 => 4,
             QuantFormat::F16 | QuantFormat::BF16 => 0,
             QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K => 0,
             _ => 2,
@@ -104,17 +112,28 @@ impl QuantFormat {
             QuantFormat::Q4_K => 5,
             QuantFormat::Q5_K => 6,
             QuantFormat::Q6_K => 7,
+            QuantFormat::Q5_0 => 8,
+            QuantFormat::Q5_1 => 9,
         }
     }
 }
 
 /// A `[rows, cols]` matrix (rows: output features; cols: input features, a multiple of the
-/// format's block) in its blocks on a wgpu device.
+/// format's block) in its blocks on a wgpu device: one block format, or parts in different
+/// formats stacked row after row ([`QuantMatrix::stack`]: a fused q|k|v whose `v` a GGUF file
+/// stores in another format than `q` and `k`).
 #[derive(Debug, Clone)]
 pub struct QuantMatrix {
-    format: QuantFormat,
     rows: usize,
     cols: usize,
+    parts: Vec<Part>,
+}
+
+/// Rows of a [`QuantMatrix`] in one format.
+#[derive(Debug, Clone)]
+struct Part {
+    format: QuantFormat,
+    rows: usize,
     words: Tensor<1, Int>,
 }
 
@@ -130,8 +149,8 @@ fn bf16_non_finite(bits: u16) -> bool {
 
 /// The device layout of `bytes` (`rows · cols / V` blocks in the file's layout, row after
 /// row, `V` = [`QuantFormat::values`]): every block's value words, word `i` of block `b` of
-/// row `r` at `(b·VW + i)·rows + r` (`VW` = 8 for Q8_0, 4 for Q4, 16 for F16/BF16: two values
-/// a word, the first in the low half; for the K-quants the whole super-block, header
+/// row `r` at `(b·VW + i)·rows + r` (`VW` = 8 for Q8_0, 4 for Q4, 5 for Q5 — `qh`, then the
+/// nibbles —, 16 for F16/BF16: two values a word, the first in the low half; for the K-quants the whole super-block, header
 /// included, 4 bytes a word in the file's order), then every block's header word at
 /// `blocks·VW + b·rows + r` (none for F16/BF16 and the K-quants). A NaN or infinite scale,
 /// offset or (F16/BF16) value is refused.
@@ -213,11 +232,38 @@ impl QuantMatrix {
         let words: Vec<i32> = bytemuck::cast_slice(&words).to_vec();
         let words = Tensor::<1, Int>::from_data(TensorData::new(words, [n]), device);
         gpu::int_input("blocks", &words)?;
-        Ok(QuantMatrix { format, rows, cols, words })
+        Ok(QuantMatrix { rows, cols, parts: vec![Part { format, rows, words }] })
     }
 
+    /// The matrices' rows one after the other (each keeps its format): `[Σ rows, cols]`.
+    pub fn stack(matrices: Vec<QuantMatrix>) -> Result<Self> {
+        let Some(cols) = matrices.first().map(|m| m.cols) else { return Err(KernelError::Empty { what: "matrices" }) };
+        let mut rows = 0;
+        let mut parts = Vec::new();
+        for m in matrices {
+            if m.cols != cols {
+                return Err(KernelError::Shape {
+                    tensor: "stacked matrix",
+                    expected: vec![m.rows, cols],
+                    got: vec![m.rows, m.cols],
+                });
+            }
+            rows += m.rows;
+            parts.extend(m.parts);
+        }
+        gpu::check_u32("stacked rows", rows)?;
+        Ok(QuantMatrix { rows, cols, parts })
+    }
+
+    /// The format of the first rows (of every row unless [`QuantMatrix::stack`]ed from
+    /// several).
     pub fn format(&self) -> QuantFormat {
-        self.format
+        self.parts[0].format
+    }
+
+    /// The formats of its parts, top to bottom.
+    pub fn formats(&self) -> Vec<QuantFormat> {
+        self.parts.iter().map(|p| p.format).collect()
     }
 
     /// Output features.
@@ -232,27 +278,48 @@ impl QuantMatrix {
 
     /// Bytes on the device.
     pub fn device_bytes(&self) -> u64 {
-        self.words.dims()[0] as u64 * 4
+        self.parts.iter().map(|p| p.words.dims()[0] as u64 * 4).sum()
     }
 
-    fn blocks(&self) -> usize {
-        self.rows * (self.cols / self.format.values())
-    }
-
-    fn params(&self, rows: usize, flags: u32, up_at: usize, groups_x: u32, eps: f32) -> QProjectParams {
-        QProjectParams {
-            d_in: self.cols as u32,
-            rows: rows as u32,
-            nb: (self.cols / self.format.values()) as u32,
-            kind: self.format.kind(),
-            flags,
-            meta_at: (self.blocks() * self.format.value_words()) as u32,
-            up_at: up_at as u32,
-            w_rows: self.rows as u32,
-            groups_x,
-            eps,
+    /// The one part of a matrix in one format.
+    fn single(&self, what: &'static str) -> Result<&Part> {
+        match &self.parts[..] {
+            [p] => Ok(p),
+            _ => Err(KernelError::MixedFormats { what }),
         }
     }
+}
+
+impl Part {
+    /// Launch parameters over this part of a matrix of `cols` columns: `rows` rows computed,
+    /// written from output row `row_at`.
+    fn params(&self, cols: usize, launch: Launch) -> QProjectParams {
+        let nb = cols / self.format.values();
+        QProjectParams {
+            d_in: cols as u32,
+            rows: launch.rows as u32,
+            nb: nb as u32,
+            kind: self.format.kind(),
+            flags: launch.flags,
+            meta_at: (self.rows * nb * self.format.value_words()) as u32,
+            up_at: launch.up_at as u32,
+            w_rows: self.rows as u32,
+            groups_x: launch.groups_x,
+            row_at: launch.row_at as u32,
+            eps: launch.eps,
+        }
+    }
+}
+
+/// What one launch over a [`Part`] computes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Launch {
+    rows: usize,
+    flags: u32,
+    up_at: usize,
+    groups_x: u32,
+    row_at: usize,
+    eps: f32,
 }
 
 /// A 2-D grid of at most 65,535 workgroups along x for `groups` workgroups.
@@ -284,6 +351,9 @@ pub fn qproject(
             got: vec![weight.rows, d_in],
         });
     }
+    if fusion.swiglu {
+        weight.single("a SwiGLU projection (gate and up rows side by side)")?;
+    }
     let d_out = if fusion.swiglu { weight.rows / 2 } else { weight.rows };
     if let Some(b) = bias {
         gpu::expect_shape("bias", &b.dims(), &[weight.rows])?;
@@ -294,15 +364,17 @@ pub fn qproject(
     if let Some(r) = fusion.residual {
         gpu::expect_shape("residual", &r.dims(), &[1, d_out])?;
     }
-    let (gx, gy) = grid(d_out.div_ceil(QPROJECT_WG as usize))?;
-
-    let wp = gpu::int_input("blocks", &weight.words)?;
     let xp = gpu::float_input("x", x)?;
-    gpu::same_device(("blocks", &wp), ("x", &xp))?;
+    let mut wps = Vec::with_capacity(weight.parts.len());
+    for part in &weight.parts {
+        let wp = gpu::int_input("blocks", &part.words)?;
+        gpu::same_device(("blocks", &wp), ("x", &xp))?;
+        wps.push(gpu::ready(wp));
+    }
     let opt = |name: &'static str, t: Option<&Tensor<1>>| -> Result<Option<_>> {
         let Some(t) = t else { return Ok(None) };
         let p = gpu::float_input(name, t)?;
-        gpu::same_device(("blocks", &wp), (name, &p))?;
+        gpu::same_device(("x", &xp), (name, &p))?;
         Ok(Some(p))
     };
     let bp = opt("bias", bias)?;
@@ -310,13 +382,13 @@ pub fn qproject(
     let rp = match fusion.residual {
         Some(r) => {
             let p = gpu::float_input("residual", r)?;
-            gpu::same_device(("blocks", &wp), ("residual", &p))?;
+            gpu::same_device(("x", &xp), ("residual", &p))?;
             Some(p)
         }
         None => None,
     };
 
-    let (xp, wp) = (gpu::ready(xp), gpu::ready(wp));
+    let xp = gpu::ready(xp);
     let (bp, gp, rp) = (bp.map(gpu::ready), gp.map(gpu::ready), rp.map(gpu::ready));
     let g = Gpu::new(&xp);
     let out = g.empty(&[1, d_out], DType::F32);
@@ -324,15 +396,23 @@ pub fn qproject(
         | if gp.is_some() { 2 } else { 0 }
         | if rp.is_some() { 4 } else { 0 }
         | if fusion.swiglu { 8 } else { 0 };
-    let params = weight.params(d_out, flags, d_out, gx, fusion.norm.map_or(0.0, |(_, eps)| eps));
-    let params = g.params(&params, &[]);
+    let eps = fusion.norm.map_or(0.0, |(_, eps)| eps);
     let or_dummy = |p: &Option<burn::backend::wgpu::CubeTensor>| p.as_ref().map(bind).unwrap_or_else(|| g.dummy());
-    g.launch(
-        Family::QProject,
-        "project",
-        (gx, gy, 1),
-        vec![params, bind(&xp), bind(&wp), or_dummy(&bp), or_dummy(&gp), or_dummy(&rp), bind(&out)],
-    );
+    // One launch per part, each writing its rows of the output.
+    let mut row_at = 0;
+    for (part, wp) in weight.parts.iter().zip(&wps) {
+        let rows = if fusion.swiglu { d_out } else { part.rows };
+        let (gx, gy) = grid(rows.div_ceil(QPROJECT_WG as usize))?;
+        let launch = Launch { rows, flags, up_at: d_out, groups_x: gx, row_at, eps };
+        let params = g.params(&part.params(d_in, launch), &[]);
+        g.launch(
+            Family::QProject,
+            "project",
+            (gx, gy, 1),
+            vec![params, bind(&xp), bind(wp), or_dummy(&bp), or_dummy(&gp), or_dummy(&rp), bind(&out)],
+        );
+        row_at += part.rows;
+    }
     Ok(gpu::float_tensor(out))
 }
 
@@ -348,15 +428,28 @@ pub fn dequantize(weight: &QuantMatrix, ids: Option<&[u32]>, transpose: bool) ->
             return Err(KernelError::RowOutOfRange { what: "row id", index: bad as usize, rows: weight.rows });
         }
     }
+    if weight.parts.len() > 1 {
+        if ids.is_some() {
+            weight.single("a gather of rows")?;
+        }
+        // Each part's rows, then side by side (the transpose) or one after the other.
+        let mut all = Vec::with_capacity(weight.parts.len());
+        for part in &weight.parts {
+            let one = QuantMatrix { rows: part.rows, cols: weight.cols, parts: vec![part.clone()] };
+            all.push(dequantize(&one, None, transpose)?);
+        }
+        return Ok(Tensor::cat(all, if transpose { 1 } else { 0 }));
+    }
+    let part = &weight.parts[0];
     let n = ids.map_or(weight.rows, <[u32]>::len);
     gpu::check_elements("output", &[n, weight.cols])?;
     let (gx, gy) = grid((n * weight.cols).div_ceil(QPROJECT_WG as usize))?;
-    let wp = gpu::ready(gpu::int_input("blocks", &weight.words)?);
+    let wp = gpu::ready(gpu::int_input("blocks", &part.words)?);
     let g = Gpu::new(&wp);
     let shape = if transpose { [weight.cols, n] } else { [n, weight.cols] };
     let out = g.empty(&shape, DType::F32);
     let flags = if ids.is_none() { 16 } else { 0 } | if transpose { 32 } else { 0 };
-    let params = weight.params(n, flags, 0, gx, 0.0);
+    let params = part.params(weight.cols, Launch { rows: n, flags, groups_x: gx, ..Launch::default() });
     let params = g.params(&params, ids.unwrap_or(&[]));
     g.launch(
         Family::QProject,

@@ -79,18 +79,18 @@ impl Loader<'_> {
     }
 
     fn linear(&mut self, prefix: &str, out: usize, inp: usize, bias: bool) -> Result<Linear> {
-        self.fused_linear(&[(prefix.to_string(), out)], inp, bias)
+        self.fused_linear(&[(prefix.to_string(), out)], inp, bias, false)
     }
 
     /// The parts' blocks stacked row after row on the device, when every part is stored in
-    /// the same block format (and quantized weights are asked for); `None` otherwise.
-    fn blocks(&mut self, names: &[(String, usize)], inp: usize) -> Result<Option<QuantMatrix>> {
+    /// a block format (and quantized weights are asked for): one matrix when they share it,
+    /// else, when `mixed` allows, the parts in their own formats ([`QuantMatrix::stack`]);
+    /// `None` otherwise.
+    fn blocks(&mut self, names: &[(String, usize)], inp: usize, mixed: bool) -> Result<Option<QuantMatrix>> {
         if !self.quantized {
             return Ok(None);
         }
-        let mut format = None;
-        let mut bytes = Vec::new();
-        let mut rows = 0;
+        let mut all = Vec::with_capacity(names.len());
         for (name, out) in names {
             if self.source.shape(name).is_none() {
                 return Err(ModelError::MissingTensor(name.clone()));
@@ -103,37 +103,47 @@ impl Loader<'_> {
                     got: vec![b.rows, b.cols],
                 });
             }
-            if format.is_some_and(|f| f != b.format) {
-                return Ok(None);
-            }
-            format = Some(b.format);
-            rows += b.rows;
-            bytes.extend_from_slice(&b.bytes);
+            all.push(b);
         }
-        let Some(format) = format else { return Ok(None) };
-        let format = match format {
-            BlockFormat::Q8_0 => QuantFormat::Q8_0,
-            BlockFormat::Q4_0 => QuantFormat::Q4_0,
-            BlockFormat::Q4_1 => QuantFormat::Q4_1,
-            BlockFormat::F16 => QuantFormat::F16,
-            BlockFormat::BF16 => QuantFormat::BF16,
-            BlockFormat::Q4_K => QuantFormat::Q4_K,
-            BlockFormat::Q5_K => QuantFormat::Q5_K,
-            BlockFormat::Q6_K => QuantFormat::Q6_K,
-        };
+        let Some(first) = all.first().map(|b| b.format) else { return Ok(None) };
+        let one_format = all.iter().all(|b| b.format == first);
+        if !one_format && !mixed {
+            return Ok(None);
+        }
         let what = names.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(" | ");
-        QuantMatrix::upload(format, rows, inp, &bytes, self.device)
-            .map(Some)
-            .map_err(|e| ModelError::Config(format!("weight `{what}`: {e}")))
+        let upload = |format: BlockFormat, rows: usize, bytes: &[u8]| {
+            QuantMatrix::upload(quant_format(format), rows, inp, bytes, self.device)
+                .map_err(|e| ModelError::Config(format!("weight `{what}`: {e}")))
+        };
+        if one_format {
+            let rows = all.iter().map(|b| b.rows).sum();
+            let bytes: Vec<u8> = all.iter().flat_map(|b| b.bytes.iter().copied()).collect();
+            return upload(first, rows, &bytes).map(Some);
+        }
+        // Neighbours in the same format go up together: one launch per run of a format.
+        let mut runs: Vec<(BlockFormat, usize, Vec<u8>)> = Vec::new();
+        for b in all {
+            match runs.last_mut() {
+                Some((f, rows, bytes)) if *f == b.format => {
+                    *rows += b.rows;
+                    bytes.extend_from_slice(&b.bytes);
+                }
+                _ => runs.push((b.format, b.rows, b.bytes)),
+            }
+        }
+        let parts = runs.into_iter().map(|(f, rows, bytes)| upload(f, rows, &bytes)).collect::<Result<Vec<_>>>()?;
+        QuantMatrix::stack(parts).map(Some).map_err(|e| ModelError::Config(format!("weight `{what}`: {e}")))
     }
 
     /// Projections of the same input side by side: `parts` are `(prefix, out)`, each `[out, in]`
     /// on file; the device holds `[in, Σ out]` with the parts' columns in the given order (and
     /// their biases, when `bias`, concatenated likewise).
-    fn fused_linear(&mut self, parts: &[(String, usize)], inp: usize, bias: bool) -> Result<Linear> {
+    /// `mixed`: the parts may keep different block formats (not for a SwiGLU pair, whose gate
+    /// and up rows one invocation reads together).
+    fn fused_linear(&mut self, parts: &[(String, usize)], inp: usize, bias: bool, mixed: bool) -> Result<Linear> {
         let total: usize = parts.iter().map(|(_, out)| out).sum();
         let names: Vec<(String, usize)> = parts.iter().map(|(p, out)| (format!("{p}.weight"), *out)).collect();
-        let quant = self.blocks(&names, inp)?;
+        let quant = self.blocks(&names, inp, mixed)?;
         let bias = if bias {
             let mut all = Vec::with_capacity(total);
             for (prefix, out) in parts {
@@ -157,6 +167,21 @@ impl Loader<'_> {
         ));
         drop(rows);
         Ok(Linear::dense(weight, bias))
+    }
+}
+
+fn quant_format(format: BlockFormat) -> QuantFormat {
+    match format {
+        BlockFormat::Q8_0 => QuantFormat::Q8_0,
+        BlockFormat::Q4_0 => QuantFormat::Q4_0,
+        BlockFormat::Q4_1 => QuantFormat::Q4_1,
+        BlockFormat::Q5_0 => QuantFormat::Q5_0,
+        BlockFormat::Q5_1 => QuantFormat::Q5_1,
+        BlockFormat::F16 => QuantFormat::F16,
+        BlockFormat::BF16 => QuantFormat::BF16,
+        BlockFormat::Q4_K => QuantFormat::Q4_K,
+        BlockFormat::Q5_K => QuantFormat::Q5_K,
+        BlockFormat::Q6_K => QuantFormat::Q6_K,
     }
 }
 
@@ -186,11 +211,11 @@ pub fn load_llama_with(source: &dyn WeightSource, device: &Device, options: Load
     let mut l = Loader { source, device, quantized: options.quantized && on_wgpu };
 
     let embed_name = "model.embed_tokens.weight".to_string();
-    let embed_quant = l.blocks(&[(embed_name.clone(), c.vocab_size)], h)?;
+    let embed_quant = l.blocks(&[(embed_name.clone(), c.vocab_size)], h, false)?;
     let (embed_tokens, lm_head) = match (&embed_quant, c.tie_word_embeddings) {
         (Some(q), true) => (None, Linear { weight: None, bias: None, quant: Some(q.clone()) }),
         (Some(_), false) => {
-            let head = l.fused_linear(&[("lm_head".to_string(), c.vocab_size)], h, false)?;
+            let head = l.fused_linear(&[("lm_head".to_string(), c.vocab_size)], h, false, false)?;
             (None, head)
         }
         (None, tied) => {
@@ -204,7 +229,7 @@ pub fn load_llama_with(source: &dyn WeightSource, device: &Device, options: Load
                     None,
                 )
             } else {
-                l.fused_linear(&[("lm_head".to_string(), c.vocab_size)], h, false)?
+                l.fused_linear(&[("lm_head".to_string(), c.vocab_size)], h, false, false)?
             };
             let table = Param::from_tensor(Tensor::from_data(TensorData::new(embed.data, [c.vocab_size, h]), device));
             (Some(table), head)
@@ -217,7 +242,7 @@ pub fn load_llama_with(source: &dyn WeightSource, device: &Device, options: Load
         let (q, kv) = (c.num_heads * d, c.num_kv_heads * d);
         let qkv = [("q_proj", q), ("k_proj", kv), ("v_proj", kv)].map(|(n, out)| (format!("{p}.self_attn.{n}"), out));
         let self_attn = Attention {
-            qkv_proj: l.fused_linear(&qkv, h, c.attention_bias)?,
+            qkv_proj: l.fused_linear(&qkv, h, c.attention_bias, true)?,
             o_proj: l.linear(&format!("{p}.self_attn.o_proj"), h, c.num_heads * d, c.attention_out_bias)?,
             num_heads: c.num_heads,
             num_kv_heads: c.num_kv_heads,
@@ -225,7 +250,7 @@ pub fn load_llama_with(source: &dyn WeightSource, device: &Device, options: Load
         };
         let gate_up = ["gate_proj", "up_proj"].map(|n| (format!("{p}.mlp.{n}"), c.intermediate_size));
         let mlp = Mlp {
-            gate_up_proj: l.fused_linear(&gate_up, h, c.mlp_bias)?,
+            gate_up_proj: l.fused_linear(&gate_up, h, c.mlp_bias, false)?,
             down_proj: l.linear(&format!("{p}.mlp.down_proj"), h, c.intermediate_size, c.mlp_bias)?,
         };
         layers.push(DecoderLayer {

@@ -185,6 +185,8 @@ impl GgmlType {
                 | GgmlType::Q8_0
                 | GgmlType::Q4_0
                 | GgmlType::Q4_1
+                | GgmlType::Q5_0
+                | GgmlType::Q5_1
                 | GgmlType::Q4_K
                 | GgmlType::Q5_K
                 | GgmlType::Q6_K
@@ -247,6 +249,25 @@ pub fn dequantize_into(tensor: &str, ty: GgmlType, bytes: &[u8], n_elements: usi
                 let qs = &b[4..20];
                 out.extend(qs.iter().map(|&q| d * f32::from(q & 0x0f) + m));
                 out.extend(qs.iter().map(|&q| d * f32::from(q >> 4) + m));
+            }
+        }
+        GgmlType::Q5_0 | GgmlType::Q5_1 => {
+            // {d, (m,) qh: u32, qs: [u8; 16]}: value j takes bit j of qh as its fifth bit
+            let (bb, at) = if ty == GgmlType::Q5_0 { (22, 2) } else { (24, 4) };
+            for b in bytes.chunks_exact(bb) {
+                let d = f16_at(b, 0);
+                let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+                let qs = &b[at + 4..bb];
+                let q = |j: usize| {
+                    let nibble = if j < 16 { qs[j] & 0x0f } else { qs[j - 16] >> 4 };
+                    nibble | (((qh >> j) & 1) as u8) << 4
+                };
+                if ty == GgmlType::Q5_0 {
+                    out.extend((0..32).map(|j| d * f32::from(q(j) as i8 - 16)));
+                } else {
+                    let m = f16_at(b, 2);
+                    out.extend((0..32).map(|j| d * f32::from(q(j)) + m));
+                }
             }
         }
         GgmlType::Q4_K => {
