@@ -76,13 +76,16 @@ def main() -> None:
     w.add_array("test.arr_i32", [1, -2, 3])
     w.add_array("test.arr_str", ["a", "bc", ""])
     expected = {}
-    for name, qtype, shape in tensors:
-        x = values(shape)
-        raw = gguf.quants.quantize(x, qtype)
+
+    def add_quantized(name, qtype, shape):
+        raw = gguf.quants.quantize(values(shape), qtype)
         w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
         deq = gguf.quants.dequantize(raw, qtype).astype(np.float32)
         assert deq.shape == shape, (name, deq.shape, shape)
         expected[name] = np.ascontiguousarray(deq)
+
+    for name, qtype, shape in tensors:
+        add_quantized(name, qtype, shape)
     for name, qtype, shape, block_bytes, halves in k_tensors:
         rows, cols = shape
         raw = rng.integers(0, 256, size=(rows, cols // 256 * block_bytes), dtype=np.uint8)
@@ -96,12 +99,7 @@ def main() -> None:
         assert np.isfinite(deq).all(), name
         expected[name] = np.ascontiguousarray(deq)
     for name, qtype, shape in late_tensors:
-        x = values(shape)
-        raw = gguf.quants.quantize(x, qtype)
-        w.add_tensor(name, raw, raw_shape=raw.shape, raw_dtype=qtype)
-        deq = gguf.quants.dequantize(raw, qtype).astype(np.float32)
-        assert deq.shape == shape, (name, deq.shape, shape)
-        expected[name] = np.ascontiguousarray(deq)
+        add_quantized(name, qtype, shape)
     # an unsupported type, for the error path: one random Q2_K super-block
     raw = rng.integers(0, 256, size=(1, 84), dtype=np.uint8)
     w.add_tensor("t_q2_k", raw, raw_shape=raw.shape, raw_dtype=T.Q2_K)
