@@ -41,6 +41,10 @@ fn check(weights: &dyn WeightSource, sequences: &serde_json::Value, device: &Dev
         assert!(on_device * 100 <= file * 115, "{label}: {on_device} bytes on the device for {file} in the file");
     }
     let vocab = model.config.vocab_size;
+    // Prompts in passes of 3 tokens (chunked prefill), each pass over the cache the passes
+    // before it filled.
+    let mut chunked = load_llama(weights, device).unwrap();
+    chunked.set_prefill_chunk(3);
     for seq in sequences.as_array().unwrap() {
         let tokens = ids(&seq["token_ids"]);
         let want = seq["logits"].as_array().unwrap();
@@ -55,6 +59,13 @@ fn check(weights: &dyn WeightSource, sequences: &serde_json::Value, device: &Dev
         }
         let argmax: Vec<u32> = got.iter().map(|r| kvslice_runtime::sampling::argmax(r)).collect();
         assert_eq!(argmax, ids(&seq["argmax"]), "{label}: argmax");
+
+        let mut session = Session::new(&chunked, tokens.len()).unwrap();
+        let got = pollster::block_on(session.logits_at(&tokens, &rows)).unwrap();
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            worst = worst.max(compare(g, w, vocab, &format!("{label}: len {} row {i}, chunks of 3", tokens.len())));
+        }
 
         let mut session = Session::new(&model, tokens.len()).unwrap();
         let mut worst_step = 0f32;

@@ -674,6 +674,13 @@ pub trait KvStore {
         let _ = (layer, rotated, raw);
         Ok(())
     }
+
+    /// Whether a forward may feed its tokens in several passes (chunked prefill): true for a
+    /// store that only appends and attends, false (the default) for one that expects each
+    /// layer's queries in one call, as the statistics recorders do.
+    fn takes_chunks(&self) -> bool {
+        false
+    }
 }
 
 impl<S: KvStore + ?Sized> KvStore for &mut S {
@@ -687,6 +694,10 @@ impl<S: KvStore + ?Sized> KvStore for &mut S {
 
     fn observe_queries(&mut self, layer: usize, rotated: &Tensor<3>, raw: &Tensor<3>) -> Result<()> {
         (**self).observe_queries(layer, rotated, raw)
+    }
+
+    fn takes_chunks(&self) -> bool {
+        (**self).takes_chunks()
     }
 }
 
@@ -850,5 +861,9 @@ impl KvStore for KvCache {
     fn layer(&self, layer: usize) -> Result<&LayerKv> {
         let layers = self.layers.len();
         self.layers.get(layer).ok_or(CacheError::LayerOutOfRange { layer, layers })
+    }
+
+    fn takes_chunks(&self) -> bool {
+        true
     }
 }

@@ -197,7 +197,10 @@ pub fn run(args: EvalArgs, verbose: bool) -> Result<()> {
     for (i, unit) in units.iter().enumerate() {
         let t0 = Instant::now();
         let ids = &unit.prefix;
-        let mut prefilled = pollster::block_on(Session::prefill_for(model, ids, &request))?;
+        let bar = crate::progress::prefill(&format!("[{}/{}] {}", i + 1, units.len(), unit.id), ids.len());
+        let prefilled = pollster::block_on(Session::prefill_for(model, ids, &request));
+        drop(bar);
+        let mut prefilled = prefilled?;
         timing.prefill += prefilled.prefill_seconds;
         timing.stats += prefilled.stats_seconds;
         eprintln!(

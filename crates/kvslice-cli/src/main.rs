@@ -6,6 +6,7 @@ mod doctor;
 mod eval;
 mod fetch;
 mod ppl;
+mod progress;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -40,6 +41,11 @@ pub(crate) struct ModelArgs {
     /// CPU backend).
     #[arg(long, default_value = "wgpu")]
     device: String,
+    /// Prompts run in passes of this many tokens, so that activation memory is bounded by the
+    /// chunk (0: the whole prompt in one pass). The eviction policies' statistics are gathered
+    /// over the whole prompt in one pass.
+    #[arg(long, default_value_t = kvslice_runtime::PREFILL_CHUNK)]
+    prefill_chunk: usize,
 }
 
 #[derive(clap::Args, Clone)]
@@ -264,9 +270,10 @@ fn run(cli: Cli) -> Result<()> {
             };
             let stop_tokens = if ignore_eos { Vec::new() } else { loaded.stop_tokens() };
             let options = GenerateOptions { max_new_tokens, sampler, stop_tokens };
-            let mut generator =
-                pollster::block_on(Generator::prefill(&loaded.model, &ids, options, compression.as_ref()))?
-                    .with_tokenizer(&loaded.tokenizer);
+            let bar = progress::prefill("prefill", ids.len());
+            let generator = pollster::block_on(Generator::prefill(&loaded.model, &ids, options, compression.as_ref()));
+            drop(bar);
+            let mut generator = generator?.with_tokenizer(&loaded.tokenizer);
             let mut stdout = std::io::stdout();
             while let Some(token) = pollster::block_on(generator.next())? {
                 stdout.write_all(token.text.as_bytes())?;
@@ -404,7 +411,8 @@ pub(crate) fn open(args: &ModelArgs, verbose: bool) -> Result<LoadedModel> {
         eprintln!("device: {info}");
     }
     let t0 = std::time::Instant::now();
-    let loaded = LoadedModel::open(&path, &device).with_context(|| format!("loading {}", path.display()))?;
+    let mut loaded = LoadedModel::open(&path, &device).with_context(|| format!("loading {}", path.display()))?;
+    loaded.model.set_prefill_chunk(args.prefill_chunk);
     if verbose {
         let c = &loaded.model.config;
         eprintln!(

@@ -6,8 +6,11 @@
 
 pub mod config;
 pub mod error;
+#[cfg(not(target_family = "wasm"))]
+pub mod flash;
 pub mod load;
 pub mod model;
+pub mod progress;
 pub mod rope;
 
 pub use config::{Architecture, LlamaConfig, RopeScaling};

@@ -211,7 +211,14 @@ pub struct Llama {
     skinny_rows: usize,
     /// Decode steps (one row) run each layer as kvslice's fused kernels (wgpu only).
     fused_decode: bool,
+    /// Prompts run in passes of at most this many tokens where the cache takes chunks (0:
+    /// one pass).
+    prefill_chunk: usize,
 }
+
+/// The default [`Llama::set_prefill_chunk`]: activations stay bounded by 512 rows whatever the
+/// prompt's length, and the products stay large enough to run at full speed.
+pub const PREFILL_CHUNK: usize = 512;
 
 impl Llama {
     /// Wraps loaded weights. The config must be valid (see [`LlamaConfig::validate`]).
@@ -228,7 +235,21 @@ impl Llama {
         let kernels = kvslice_kernels::buffer_id(&weights.norm.weight.val()).is_some();
         let skinny_rows = if kernels { SKINNY_ROWS } else { 0 };
         let fused_decode = kernels;
-        Ok(Self { config, weights, inv_freq, device, kernels, skinny_rows, fused_decode })
+        let prefill_chunk = PREFILL_CHUNK;
+        Ok(Self { config, weights, inv_freq, device, kernels, skinny_rows, fused_decode, prefill_chunk })
+    }
+
+    /// Prompts of more than `tokens` tokens run as passes of `tokens` (0: one pass), each
+    /// attending to the cache the passes before it filled: the same function, with activation
+    /// memory bounded by the chunk instead of the prompt. Only where the cache takes chunks
+    /// ([`KvStore::takes_chunks`]); the statistics recorders of the eviction policies see the
+    /// whole prompt in one pass.
+    pub fn set_prefill_chunk(&mut self, tokens: usize) {
+        self.prefill_chunk = tokens;
+    }
+
+    pub fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk
     }
 
     /// Whether one-row forwards (decode steps) run on the fused kernels
@@ -285,6 +306,20 @@ impl Llama {
         if n == 0 || positions.len() != n {
             return Err(ModelError::Input(format!("{n} tokens with {} positions", positions.len())));
         }
+        let chunk = self.prefill_chunk;
+        if chunk > 0 && n > chunk && cache.takes_chunks() {
+            let mut hidden = Vec::with_capacity(n.div_ceil(chunk));
+            for (t, p) in tokens.chunks(chunk).zip(positions.chunks(chunk)) {
+                hidden.push(self.forward_pass(t, p, cache)?);
+            }
+            return Ok(Tensor::cat(hidden, 0));
+        }
+        self.forward_pass(tokens, positions, cache)
+    }
+
+    /// [`Llama::forward`] in one pass.
+    fn forward_pass(&self, tokens: &[u32], positions: &[u32], cache: &mut impl KvStore) -> Result<Tensor<2>> {
+        let n = tokens.len();
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
             return Err(ModelError::Input(format!(
                 "token id {bad} outside the vocabulary ({})",
@@ -320,6 +355,10 @@ impl Llama {
             x = x + attn;
             let h = layer.post_attention_layernorm.forward(x.clone());
             x = x + layer.mlp.forward(h, self.skinny_rows);
+            if n > 1 {
+                let layers = self.weights.layers.len();
+                crate::progress::layer_done(crate::progress::LayerDone { layer: index, layers, tokens: n });
+            }
         }
         let _head = kvslice_kernels::dispatch::scope("head");
         Ok(self.weights.norm.forward(x))
@@ -473,9 +512,19 @@ impl Llama {
                 }
             }
         }
+        let visibility = Visibility::of(stored, positions);
+        #[cfg(not(target_family = "wasm"))]
+        if !self.kernels
+            && n >= HOST_ATTENTION_ROWS
+            && host_attention_on()
+            && let Some(out) = host_attention(&q, stored, &visibility, group)?
+        {
+            return Ok(
+                Tensor::<1>::from_data(TensorData::new(out, [n * heads * d]), &self.device).reshape([n, heads * d])
+            );
+        }
         let (keys, values) = stored.view();
         let len = stored.max_len();
-        let visibility = Visibility::of(stored, positions);
 
         let scale = 1.0 / (d as f64).sqrt();
         let keys_t = keys.swap_dims(1, 2); // [kv_heads, d, len]
@@ -510,6 +559,55 @@ impl Llama {
         let out = if outputs.len() == 1 { outputs.pop().unwrap() } else { Tensor::cat(outputs, 1) };
         Ok(out.swap_dims(0, 1).reshape([n, heads * d]))
     }
+}
+
+/// From this many queries on, the CPU backend's attention runs as [`crate::flash`]'s tiled
+/// kernel (decode steps keep Burn's ops, which read the cache where it lies).
+pub const HOST_ATTENTION_ROWS: usize = 16;
+
+/// Workers for [`crate::flash`]: `KVSLICE_THREADS` when set to a positive number, else every
+/// core the process may use.
+#[cfg(not(target_family = "wasm"))]
+fn host_threads() -> usize {
+    std::env::var("KVSLICE_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&t| t > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|t| t.get()).unwrap_or(1))
+}
+
+/// Whether the tiled host attention is on: `KVSLICE_HOST_ATTENTION=off` keeps Burn's ops (the
+/// comparison of docs/BENCHMARKS.md).
+#[cfg(not(target_family = "wasm"))]
+fn host_attention_on() -> bool {
+    std::env::var("KVSLICE_HOST_ATTENTION").map_or(true, |v| v != "off")
+}
+
+/// The attention of `q` (`[heads, n, d]`, rotated) over `stored` on the host, `[n · heads · d]`
+/// (query-major), or `None` when the visibility is not a prefix per query.
+#[cfg(not(target_family = "wasm"))]
+fn host_attention(
+    q: &Tensor<3>,
+    stored: &kvslice_cache::LayerKv,
+    visibility: &Visibility<'_>,
+    group: usize,
+) -> Result<Option<Vec<f32>>> {
+    use crate::flash::{Cutoffs, Shape, attention};
+    let cutoffs = match visibility {
+        Visibility::All { .. } => Cutoffs::All,
+        Visibility::Prefix { mask_heads, cutoffs, .. } => Cutoffs::Prefix { mask_heads: *mask_heads, cut: cutoffs },
+        Visibility::Slots { .. } => return Ok(None),
+    };
+    let [heads, n, d] = q.dims();
+    let read = |t: Tensor<3>| {
+        t.into_data().convert::<f32>().try_into_vec::<f32>().map_err(|e| ModelError::Input(format!("read-back: {e:?}")))
+    };
+    let (keys, values) = stored.view();
+    let len = stored.max_len();
+    let shape = Shape { heads, kv_heads: heads / group, n, len, head_dim: d };
+    let scale = (1.0 / (d as f64).sqrt()) as f32;
+    let (q, k, v) = (read(q.clone())?, read(keys)?, read(values)?);
+    attention(&q, &k, &v, shape, cutoffs, scale, host_threads()).map(Some).map_err(ModelError::Input)
 }
 
 /// Which cached slots the queries at `positions` see: slot `s` of head `h` is visible when it

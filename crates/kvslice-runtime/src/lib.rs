@@ -37,6 +37,8 @@ pub use kvslice_kernels::conformance;
 /// Kernel launches counted as they are submitted (`kvslice bench`'s dispatches per token).
 pub use kvslice_kernels::dispatch;
 pub use kvslice_model::Llama;
+pub use kvslice_model::model::PREFILL_CHUNK;
+pub use kvslice_model::progress;
 pub use loading::LoadedModel;
 pub use perplexity::{Perplexity, perplexity};
 pub use sampling::Sampler;

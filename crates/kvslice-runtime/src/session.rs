@@ -499,6 +499,10 @@ impl<S: KvStore> KvStore for FailAt<S> {
     fn observe_queries(&mut self, layer: usize, rotated: &Tensor<3>, raw: &Tensor<3>) -> CacheResult<()> {
         self.inner.observe_queries(layer, rotated, raw)
     }
+
+    fn takes_chunks(&self) -> bool {
+        self.inner.takes_chunks()
+    }
 }
 
 /// Whether `prompt` tokens after `used` ones, then `new` generated ones (all but the last fed),
