@@ -476,6 +476,42 @@ fn cake_cascade_matches_one_eviction_with_less_memory() {
     );
 }
 
+/// The model's whole context: a tiny seeded model with a 32K context prefills 32,760 tokens
+/// with CAKE's cascade at 10%, and the KV memory held at any point of the prefill stays within
+/// the compressed cache plus one layer's full K/V (the cascade's scratch), never the prompt's
+/// whole cache (ten times that).
+#[test]
+fn cake_cascade_prefills_a_32k_context_in_the_budget_plus_one_layer() {
+    let weights = kvslice_tests::tiny_hf_weights_with("llama", |c| c.max_position_embeddings = 32768);
+    let model = load_llama(&weights, &cpu()).unwrap();
+    let n = 32760;
+    let ids = prompt(n);
+    let c = compression(&model, "cake", "10%");
+    assert!(c.cascades());
+    let (session, tokens, report) = generate(&model, &ids, &greedy(4), &c).unwrap();
+    assert_eq!(tokens.len(), 4);
+    assert_eq!(session.position() as usize, n + 3);
+    let cfg = &model.config;
+    let layer_bytes = cfg.num_kv_heads * n * cfg.head_dim * 2 * 4;
+    let whole = cfg.num_layers * layer_bytes;
+    assert_eq!(report.full_bytes, whole);
+    assert!(report.kept_entries * 10 <= n * cfg.num_layers * cfg.num_kv_heads + 10, "{}", report.kept_entries);
+    assert!(
+        report.peak_bytes <= report.compressed_bytes + layer_bytes,
+        "peak {} > compressed {} + one layer {}",
+        report.peak_bytes,
+        report.compressed_bytes,
+        layer_bytes
+    );
+    eprintln!(
+        "32K cascade: peak {:.2} MiB = compressed {:.2} MiB + one layer {:.2} MiB at most; whole cache {:.2} MiB",
+        report.peak_bytes as f64 / 1048576.0,
+        report.compressed_bytes as f64 / 1048576.0,
+        layer_bytes as f64 / 1048576.0,
+        whole as f64 / 1048576.0
+    );
+}
+
 /// On wgpu, compaction runs the in-place kernel: the same buffers, kept rows moved to the front.
 #[test]
 fn compaction_is_in_place_on_wgpu() {

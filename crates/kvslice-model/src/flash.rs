@@ -176,7 +176,7 @@ impl Job<'_> {
                     MatRef { data: &keys[j0 * d..(j0 + t) * d], row_stride: 1, col_stride: d },
                     d,
                 );
-                let tile = Tile { scores, t, j0, cut: &s.cut[..rows], d };
+                let tile = Tile { scores, t, j0, lo: &[], cut: &s.cut[..rows], d };
                 online_softmax(tile, &mut s.max[..rows], &mut s.sum[..rows], &mut s.acc[..rows * d]);
                 // acc[rows, d] += scores[rows, t] · values[j0..j0 + t]
                 gemm_f32(
@@ -200,14 +200,218 @@ impl Job<'_> {
     }
 }
 
+/// Which keys each prompt query sees, for [`column_sums`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// Query `i` sees keys `0..=i`.
+    Causal,
+    /// Query `i` sees keys `i..n` (the counter-causal attention of AnDPro-style scorers).
+    CounterCausal,
+}
+
+/// The attention each key receives, summed over every query of a prompt:
+/// `Σ_i softmax_j(q_i k_jᵀ · scale)` over the keys query `i` sees (`direction`), per query head.
+///
+/// `q: [heads, n, d]`, `k: [kv_heads, n, d]` (query `i` and key `i` at position `i`) →
+/// `[heads, n]`. Two passes over the same tiles as [`attention`]: the rows' maxima and sums,
+/// then their normalised exponentials added into the columns; no `[n, n]` matrix. Workers take
+/// the query blocks in a fixed interleave and their sums are added in order, so the result
+/// does not depend on scheduling.
+pub fn column_sums(
+    q: &[f32],
+    k: &[f32],
+    shape: Shape,
+    direction: Direction,
+    scale: f32,
+    threads: usize,
+) -> Result<Vec<f32>, String> {
+    let Shape { heads, kv_heads, n, len, head_dim: d } = shape;
+    if kv_heads == 0 || !heads.is_multiple_of(kv_heads) || d == 0 || len != n {
+        return Err(format!(
+            "column sums of {heads} query heads over {kv_heads} KV heads of dimension {d}, {n} queries over {len} keys"
+        ));
+    }
+    if q.len() != heads * n * d || k.len() != kv_heads * n * d {
+        return Err(format!("{} query and {} key values for {shape:?}", q.len(), k.len()));
+    }
+    let blocks = n.div_ceil(BLOCK_Q);
+    let threads = threads.clamp(1, blocks.max(1));
+    let job = Job { q, k, v: k, shape, cutoffs: Cutoffs::All, scale };
+    let run = |w: usize| {
+        let mut sums = vec![0f32; heads * n];
+        let mut scratch = Scratch::new(heads / kv_heads, d);
+        for b in (w..blocks).step_by(threads) {
+            job.column_block(b * BLOCK_Q, direction, &mut sums, &mut scratch);
+        }
+        sums
+    };
+    let parts: Vec<Vec<f32>> = if threads == 1 {
+        vec![run(0)]
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads).map(|w| s.spawn(move || run(w))).collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().map_err(|_| "a column-sum worker panicked".to_string()))
+                .collect::<Result<Vec<_>, String>>()
+        })?
+    };
+    let mut total = vec![0f32; heads * n];
+    for part in &parts {
+        for (t, &x) in total.iter_mut().zip(part) {
+            *t += x;
+        }
+    }
+    Ok(total)
+}
+
+impl Job<'_> {
+    /// Adds the attention of queries `i0..i0 + BLOCK_Q` (every head) into `sums` (`[heads, n]`).
+    fn column_block(&self, i0: usize, direction: Direction, sums: &mut [f32], s: &mut Scratch) {
+        let Shape { heads, kv_heads, n, head_dim: d, .. } = self.shape;
+        let group = heads / kv_heads;
+        let bq = BLOCK_Q.min(n - i0);
+        let rows = group * bq;
+        let mut lo = vec![0usize; rows];
+        for (r, (lo, cut)) in lo.iter_mut().zip(&mut s.cut[..rows]).enumerate() {
+            let i = i0 + r % bq;
+            (*lo, *cut) = match direction {
+                Direction::Causal => (0, i + 1),
+                Direction::CounterCausal => (i, n),
+            };
+        }
+        let (first, end) = (lo.iter().copied().min().unwrap_or(0), s.cut[..rows].iter().copied().max().unwrap_or(0));
+        let first = first / BLOCK_K * BLOCK_K;
+        for h in 0..kv_heads {
+            for g in 0..group {
+                let head = h * group + g;
+                let src = &self.q[(head * n + i0) * d..(head * n + i0 + bq) * d];
+                for (o, &x) in s.q[g * bq * d..(g + 1) * bq * d].iter_mut().zip(src) {
+                    *o = x * self.scale;
+                }
+            }
+            let keys = &self.k[h * n * d..(h + 1) * n * d];
+            s.max[..rows].fill(f32::NEG_INFINITY);
+            s.sum[..rows].fill(0.0);
+            for pass in 0..2 {
+                let mut j0 = first;
+                while j0 < end {
+                    let t = BLOCK_K.min(end - j0);
+                    let scores = &mut s.scores[..rows * t];
+                    gemm_f32(
+                        Mat { data: scores, rows, cols: t, row_stride: t, col_stride: 1 },
+                        false,
+                        MatRef { data: &s.q[..rows * d], row_stride: d, col_stride: 1 },
+                        MatRef { data: &keys[j0 * d..(j0 + t) * d], row_stride: 1, col_stride: d },
+                        d,
+                    );
+                    let tile = Tile { scores, t, j0, lo: &lo, cut: &s.cut[..rows], d: 0 };
+                    if pass == 0 {
+                        online_softmax(tile, &mut s.max[..rows], &mut s.sum[..rows], &mut []);
+                    } else {
+                        let dst = |g: usize| (h * group + g) * n + j0;
+                        normalized_into_columns(tile, &s.max[..rows], &s.sum[..rows], bq, sums, &dst);
+                    }
+                    j0 += t;
+                }
+            }
+        }
+    }
+}
+
+/// Pass two of [`column_sums`]: each visible score becomes `exp(s - max) / sum` and is added
+/// into its key's column, `sums[dst(g) + j]` for the rows of query head `g` (rows `g · bq..`).
+fn normalized_into_columns(
+    tile: Tile<'_>,
+    max: &[f32],
+    sum: &[f32],
+    bq: usize,
+    sums: &mut [f32],
+    dst: &dyn Fn(usize) -> usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: as in `online_softmax`.
+        #[allow(unsafe_code)]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return unsafe { normalized_into_columns_avx512(tile, max, sum, bq, sums, dst) };
+        } else if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            return unsafe { normalized_into_columns_avx2(tile, max, sum, bq, sums, dst) };
+        }
+    }
+    normalized_into_columns_any(tile, max, sum, bq, sums, dst)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn normalized_into_columns_avx512(
+    tile: Tile<'_>,
+    max: &[f32],
+    sum: &[f32],
+    bq: usize,
+    sums: &mut [f32],
+    dst: &dyn Fn(usize) -> usize,
+) {
+    normalized_into_columns_any(tile, max, sum, bq, sums, dst)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn normalized_into_columns_avx2(
+    tile: Tile<'_>,
+    max: &[f32],
+    sum: &[f32],
+    bq: usize,
+    sums: &mut [f32],
+    dst: &dyn Fn(usize) -> usize,
+) {
+    normalized_into_columns_any(tile, max, sum, bq, sums, dst)
+}
+
+#[inline(always)]
+fn normalized_into_columns_any(
+    tile: Tile<'_>,
+    max: &[f32],
+    sum: &[f32],
+    bq: usize,
+    sums: &mut [f32],
+    dst: &dyn Fn(usize) -> usize,
+) {
+    let t = tile.t;
+    for r in 0..tile.cut.len() {
+        let (a, b) = tile.visible(r);
+        if a == b || sum[r] <= 0.0 {
+            continue;
+        }
+        let (m, inv) = (max[r], 1.0 / sum[r]);
+        let at = dst(r / bq);
+        let line = &tile.scores[r * t + a..r * t + b];
+        for (c, &x) in sums[at + a..at + b].iter_mut().zip(line) {
+            *c += exp_nonpositive(x - m) * inv;
+        }
+    }
+}
+
 /// One tile of scores, `[cut.len(), t]`, for keys `j0..j0 + t`.
 struct Tile<'a> {
     scores: &'a mut [f32],
     t: usize,
     j0: usize,
-    /// Each row's visible prefix (in slots from 0).
+    /// Each row sees slots `lo[r]..cut[r]` (`lo` empty: from 0).
+    lo: &'a [usize],
     cut: &'a [usize],
     d: usize,
+}
+
+impl Tile<'_> {
+    /// Row `r`'s visible columns of the tile.
+    #[inline(always)]
+    fn visible(&self, r: usize) -> (usize, usize) {
+        let lo = self.lo.get(r).copied().unwrap_or(0);
+        let a = lo.saturating_sub(self.j0).min(self.t);
+        let b = self.cut[r].saturating_sub(self.j0).min(self.t);
+        (a, b.max(a))
+    }
 }
 
 /// The online-softmax update of a tile: each row's scores become `exp(s - max)` over its
@@ -242,14 +446,16 @@ fn online_softmax_avx2(tile: Tile<'_>, max: &mut [f32], sum: &mut [f32], acc: &m
 
 #[inline(always)]
 fn online_softmax_any(tile: Tile<'_>, max_: &mut [f32], sum: &mut [f32], acc: &mut [f32]) {
-    let Tile { scores, t, j0, cut, d } = tile;
-    for (r, line) in scores.chunks_exact_mut(t).enumerate() {
-        let visible = cut[r].saturating_sub(j0).min(t);
-        line[visible..].fill(0.0);
-        if visible == 0 {
+    let (t, d) = (tile.t, tile.d);
+    for r in 0..tile.cut.len() {
+        let (a, b) = tile.visible(r);
+        let line = &mut tile.scores[r * t..(r + 1) * t];
+        line[..a].fill(0.0);
+        line[b..].fill(0.0);
+        if a == b {
             continue;
         }
-        let line = &mut line[..visible];
+        let line = &mut line[a..b];
         let old = max_[r];
         let new = old.max(max(line));
         let tile_sum = exp_shifted(line, new);
@@ -510,6 +716,50 @@ mod tests {
         let got = attention(&q, &k, &v, s, Cutoffs::All, 0.3, 2).unwrap();
         let want = reference(&q, &k, &v, s, &|_, _| s.len, 0.3);
         assert!(worst(&got, &want) < 2e-5, "max |Δ| {}", worst(&got, &want));
+    }
+
+    #[test]
+    fn column_sums_match_the_definition_both_ways() {
+        for &(n, spread) in &[(5usize, 1.0f32), (130, 3.0), (333, 8.0)] {
+            let s = Shape { heads: 6, kv_heads: 2, n, len: n, head_dim: 16 };
+            let (q, k, _) = data(s, 40 + n as u64, spread);
+            for direction in [Direction::Causal, Direction::CounterCausal] {
+                // the definition, in f64
+                let mut want = vec![0f64; s.heads * n];
+                for h in 0..s.heads {
+                    let kh = h / 3;
+                    for i in 0..n {
+                        let seen = match direction {
+                            Direction::Causal => 0..i + 1,
+                            Direction::CounterCausal => i..n,
+                        };
+                        let scores: Vec<f64> = seen
+                            .clone()
+                            .map(|j| {
+                                (0..16)
+                                    .map(|c| q[(h * n + i) * 16 + c] as f64 * k[(kh * n + j) * 16 + c] as f64)
+                                    .sum::<f64>()
+                                    * 0.25
+                            })
+                            .collect();
+                        let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                        let z: f64 = scores.iter().map(|x| (x - m).exp()).sum();
+                        for (j, x) in seen.zip(&scores) {
+                            want[h * n + j] += (x - m).exp() / z;
+                        }
+                    }
+                }
+                let one = column_sums(&q, &k, s, direction, 0.25, 1).unwrap();
+                let two = column_sums(&q, &k, s, direction, 0.25, 2).unwrap();
+                for (got, label) in [(&one, "1 thread"), (&two, "2 threads")] {
+                    let e = got.iter().zip(&want).map(|(&x, &y)| (x as f64 - y).abs() / y.max(1.0)).fold(0.0, f64::max);
+                    assert!(e < 2e-5, "n {n}, {direction:?}, {label}: max relative |Δ| {e}");
+                }
+                // every query's attention sums to one
+                let total: f32 = one.iter().sum();
+                assert!((total - (s.heads * n) as f32).abs() < 1e-3 * (s.heads * n) as f32, "{total}");
+            }
+        }
     }
 
     #[test]

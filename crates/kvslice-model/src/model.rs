@@ -568,7 +568,7 @@ pub const HOST_ATTENTION_ROWS: usize = 16;
 /// Workers for [`crate::flash`]: `KVSLICE_THREADS` when set to a positive number, else every
 /// core the process may use.
 #[cfg(not(target_family = "wasm"))]
-fn host_threads() -> usize {
+pub fn host_threads() -> usize {
     std::env::var("KVSLICE_THREADS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())

@@ -614,6 +614,10 @@ fn twins(keys: &Tensor<3>) -> (Tensor<2>, Tensor<2>) {
 fn column_sums(q: &Tensor<3>, keys: &Tensor<3>, direction: Direction) -> Tensor<2> {
     let [heads, n, _] = q.dims();
     let device = q.device();
+    #[cfg(not(target_family = "wasm"))]
+    if let Some(sums) = host_column_sums(q, keys, direction) {
+        return sums;
+    }
     let rows = (MAX_CHUNK_ELEMS / (heads * n).max(1)).clamp(1, n);
     let mut total = Tensor::<2>::zeros([heads, n], &device);
     let mut start = 0;
@@ -625,6 +629,29 @@ fn column_sums(q: &Tensor<3>, keys: &Tensor<3>, direction: Direction) -> Tensor<
         start += m;
     }
     total
+}
+
+/// [`column_sums`] on the CPU backend: kvslice-model's tiled two-pass kernel (no mask, no
+/// score matrix, every core). `None` on other devices, or when the shapes are not a prompt's
+/// (the tensor route then answers).
+#[cfg(not(target_family = "wasm"))]
+fn host_column_sums(q: &Tensor<3>, keys: &Tensor<3>, direction: Direction) -> Option<Tensor<2>> {
+    use kvslice_model::flash;
+    if kvslice_kernels::buffer_id(q).is_some() {
+        return None;
+    }
+    let [heads, n, d] = q.dims();
+    let [kv_heads, len, _] = keys.dims();
+    let read = |t: &Tensor<3>| t.clone().into_data().convert::<f32>().try_into_vec::<f32>().ok();
+    let (qh, kh) = (read(q)?, read(keys)?);
+    let shape = flash::Shape { heads, kv_heads, n, len, head_dim: d };
+    let direction = match direction {
+        Direction::Causal => flash::Direction::Causal,
+        Direction::CounterCausal => flash::Direction::CounterCausal,
+    };
+    let scale = (1.0 / (d as f64).sqrt()) as f32;
+    let sums = flash::column_sums(&qh, &kh, shape, direction, scale, kvslice_model::model::host_threads()).ok()?;
+    Some(Tensor::<1>::from_data(burn::tensor::TensorData::new(sums, [heads * n]), &q.device()).reshape([heads, n]))
 }
 
 /// Column sums `[H, n]` of chunked non-causal attention ([`WindowStats::non_causal`]): in each
