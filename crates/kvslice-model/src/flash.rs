@@ -471,7 +471,7 @@ fn online_softmax_any(tile: Tile<'_>, max_: &mut [f32], sum: &mut [f32], acc: &m
 
 /// The largest value (lane-wise, so that it vectorises).
 #[inline(always)]
-fn max(xs: &[f32]) -> f32 {
+pub(crate) fn max(xs: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; 8];
     let mut chunks = xs.chunks_exact(8);
     for c in &mut chunks {
@@ -487,7 +487,7 @@ fn max(xs: &[f32]) -> f32 {
 
 /// `xs[i] ← exp(xs[i] - shift)` for values at most `shift`; returns their sum.
 #[inline(always)]
-fn exp_shifted(xs: &mut [f32], shift: f32) -> f32 {
+pub(crate) fn exp_shifted(xs: &mut [f32], shift: f32) -> f32 {
     for x in xs.iter_mut() {
         *x = exp_nonpositive(*x - shift);
     }
@@ -533,19 +533,19 @@ fn exp_nonpositive(x: f32) -> f32 {
 }
 
 /// A matrix written through strides, bounds-checked against its slice.
-struct Mat<'a> {
-    data: &'a mut [f32],
-    rows: usize,
-    cols: usize,
-    row_stride: usize,
-    col_stride: usize,
+pub(crate) struct Mat<'a> {
+    pub data: &'a mut [f32],
+    pub rows: usize,
+    pub cols: usize,
+    pub row_stride: usize,
+    pub col_stride: usize,
 }
 
 /// A matrix read through strides (its shape comes from the product).
-struct MatRef<'a> {
-    data: &'a [f32],
-    row_stride: usize,
-    col_stride: usize,
+pub(crate) struct MatRef<'a> {
+    pub data: &'a [f32],
+    pub row_stride: usize,
+    pub col_stride: usize,
 }
 
 /// Whether the last element of a `rows × cols` strided matrix lies inside `len` values.
@@ -557,7 +557,7 @@ fn fits(len: usize, rows: usize, cols: usize, row_stride: usize, col_stride: usi
 ///
 /// # Panics
 /// When a matrix does not fit its slice (a bug in the caller, never input-dependent).
-fn gemm_f32(dst: Mat<'_>, accumulate: bool, lhs: MatRef<'_>, rhs: MatRef<'_>, inner: usize) {
+pub(crate) fn gemm_f32(dst: Mat<'_>, accumulate: bool, lhs: MatRef<'_>, rhs: MatRef<'_>, inner: usize) {
     let (m, n) = (dst.rows, dst.cols);
     assert!(
         fits(dst.data.len(), m, n, dst.row_stride, dst.col_stride)

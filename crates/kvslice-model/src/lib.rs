@@ -12,6 +12,8 @@ pub mod load;
 pub mod model;
 pub mod progress;
 pub mod rope;
+#[cfg(not(target_family = "wasm"))]
+pub mod window;
 
 pub use config::{Architecture, LlamaConfig, RopeScaling};
 pub use error::{ModelError, Result};

@@ -576,10 +576,11 @@ pub fn host_threads() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map(|t| t.get()).unwrap_or(1))
 }
 
-/// Whether the tiled host attention is on: `KVSLICE_HOST_ATTENTION=off` keeps Burn's ops (the
+/// Whether the host routes are on (the tiled attention here, the window statistics and column
+/// sums of the runtime's recorder): `KVSLICE_HOST_ATTENTION=off` keeps Burn's ops (the
 /// comparison of docs/BENCHMARKS.md).
 #[cfg(not(target_family = "wasm"))]
-fn host_attention_on() -> bool {
+pub fn host_attention_on() -> bool {
     std::env::var("KVSLICE_HOST_ATTENTION").map_or(true, |v| v != "off")
 }
 

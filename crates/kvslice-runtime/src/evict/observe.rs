@@ -404,6 +404,10 @@ fn window_tensors_via(
         Route::Kernel => return kernel_window_tensors(qw, kv, n, request),
         Route::Auto => {}
     }
+    #[cfg(not(target_family = "wasm"))]
+    if let Some(t) = host_window_tensors(&qw, kv, request) {
+        return Ok(t);
+    }
     if kvslice_kernels::buffer_id(&qw).is_some() {
         match kernel_window_tensors(qw.clone(), kv, n, request) {
             Ok(t) => return Ok(t),
@@ -447,6 +451,53 @@ fn kernel_window_tensors(
         leverage,
         position_weighted,
     })
+}
+
+/// [`window_tensors`] on the CPU backend: kvslice-model's host window statistics (one
+/// `[w, n]` score matrix per head at a time, `gemm` and a vectorised `exp`, every core). `None`
+/// on other devices or when the host routes are off (the other routes then answer).
+#[cfg(not(target_family = "wasm"))]
+fn host_window_tensors(qw: &Tensor<3>, kv: Kv<'_>, request: &StatsRequest) -> Option<WindowTensors> {
+    use kvslice_model::{flash, window};
+    if kvslice_kernels::buffer_id(qw).is_some() || !kvslice_model::model::host_attention_on() {
+        return None;
+    }
+    let [heads, w, d] = qw.dims();
+    let [kv_heads, len, _] = kv.keys.dims();
+    let (qh, kh, vh) = (host_values(qw)?, host_values(kv.keys)?, host_values(kv.values)?);
+    let shape = flash::Shape { heads, kv_heads, n: w, len, head_dim: d };
+    let want = window::Want {
+        value_norm: request.value_weighted,
+        projection: request.projection,
+        jacobian: request.jacobian || request.leverage,
+        position_weighted: request.position_weighted,
+    };
+    let scale = (1.0 / (d as f64).sqrt()) as f32;
+    let s = window::window_stats(&qh, &kh, &vh, shape, want, scale, kvslice_model::model::host_threads()).ok()?;
+    let device = qw.device();
+    let table = |x: Vec<f32>| {
+        Tensor::<1>::from_data(burn::tensor::TensorData::new(x, [heads * len]), &device).reshape([heads, len])
+    };
+    let jacobian = s.jacobian.map(table);
+    let leverage = jacobian.as_ref().filter(|_| request.leverage).map(|j| leverage(kv.keys, j));
+    Some(WindowTensors {
+        window: w,
+        mean: table(s.mean),
+        var: table(s.var),
+        last: table(s.last),
+        entropy: Tensor::<1>::from_data(burn::tensor::TensorData::new(s.entropy, [heads]), &device),
+        value_weighted: s.value_norm.map(table),
+        projection: s.projection.map(table),
+        jacobian,
+        leverage,
+        position_weighted: s.position_weighted.map(table),
+    })
+}
+
+/// A tensor's values on the host, row-major.
+#[cfg(not(target_family = "wasm"))]
+fn host_values(t: &Tensor<3>) -> Option<Vec<f32>> {
+    t.clone().into_data().convert::<f32>().try_into_vec::<f32>().ok()
 }
 
 /// `[heads, m, d]` queries against `[kv_heads, n, d]` keys → `[heads, m, n]` scaled scores.
@@ -637,13 +688,12 @@ fn column_sums(q: &Tensor<3>, keys: &Tensor<3>, direction: Direction) -> Tensor<
 #[cfg(not(target_family = "wasm"))]
 fn host_column_sums(q: &Tensor<3>, keys: &Tensor<3>, direction: Direction) -> Option<Tensor<2>> {
     use kvslice_model::flash;
-    if kvslice_kernels::buffer_id(q).is_some() {
+    if kvslice_kernels::buffer_id(q).is_some() || !kvslice_model::model::host_attention_on() {
         return None;
     }
     let [heads, n, d] = q.dims();
     let [kv_heads, len, _] = keys.dims();
-    let read = |t: &Tensor<3>| t.clone().into_data().convert::<f32>().try_into_vec::<f32>().ok();
-    let (qh, kh) = (read(q)?, read(keys)?);
+    let (qh, kh) = (host_values(q)?, host_values(keys)?);
     let shape = flash::Shape { heads, kv_heads, n, len, head_dim: d };
     let direction = match direction {
         Direction::Causal => flash::Direction::Causal,
