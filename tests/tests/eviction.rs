@@ -842,3 +842,38 @@ fn reconstruction_matches_the_reference_on_cpu() {
 fn reconstruction_matches_the_reference_on_wgpu() {
     reconstruction_matches_the_reference(wgpu());
 }
+
+/// Chunked prefill: the policies' statistics from a prompt of 400 tokens fed in passes of 24
+/// (layer by layer; the 64-token window spans the last three, the last of 16 tokens) are those of one pass, so every policy keeps the same entries
+/// and decodes the same tokens, whatever its statistics need: a window (SnapKV, TOVA, Jacap),
+/// CAKE's cascade, every query's accumulated attention (H2O), the counter-causal sums, the
+/// non-causal tables, the pre-RoPE query moments (expected attention), the keys alone (TwinKV).
+fn chunked_prefill_keeps_what_one_pass_keeps(device: Device) {
+    let mut model = tiny(&device);
+    let ids = prompt(400);
+    for name in
+        ["snapkv", "cake", "h2o", "tova", "counter-causal", "non-causal-attn", "expected-attention", "jacap", "twinkv"]
+    {
+        let c = compression(&model, name, "40%");
+        assert_eq!(c.cascades(), name == "cake");
+        model.set_prefill_chunk(0);
+        let (_, want_tokens, want) = generate(&model, &ids, &greedy(6), &c).unwrap();
+        model.set_prefill_chunk(24);
+        let (session, tokens, got) = generate(&model, &ids, &greedy(6), &c).unwrap();
+        assert!(!want.kept.is_empty(), "{name}");
+        assert_eq!(got.kept, want.kept, "{name}: kept sets");
+        assert_eq!(tokens, want_tokens, "{name}: tokens");
+        assert_eq!(session.position(), 400 + 5, "{name}");
+        assert!(got.kept_entries < 400 * 3 * 2, "{name} kept everything");
+    }
+}
+
+#[test]
+fn chunked_prefill_keeps_what_one_pass_keeps_cpu() {
+    chunked_prefill_keeps_what_one_pass_keeps(cpu());
+}
+
+#[test]
+fn chunked_prefill_keeps_what_one_pass_keeps_wgpu() {
+    chunked_prefill_keeps_what_one_pass_keeps(wgpu());
+}

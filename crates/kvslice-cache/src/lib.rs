@@ -675,9 +675,10 @@ pub trait KvStore {
         Ok(())
     }
 
-    /// Whether a forward may feed its tokens in several passes (chunked prefill): true for a
-    /// store that only appends and attends, false (the default) for one that expects each
-    /// layer's queries in one call, as the statistics recorders do.
+    /// Whether a forward may feed its tokens in several passes (chunked prefill). The passes
+    /// come layer by layer: every chunk of layer `l`, in order, each appended and then offered
+    /// through [`KvStore::observe_queries`], before the first chunk of layer `l + 1`. False
+    /// (the default) for a store that expects each layer's tokens in one call.
     fn takes_chunks(&self) -> bool {
         false
     }

@@ -41,9 +41,9 @@ pub(crate) struct ModelArgs {
     /// CPU backend).
     #[arg(long, default_value = "wgpu")]
     device: String,
-    /// Prompts run in passes of this many tokens, so that activation memory is bounded by the
-    /// chunk (0: the whole prompt in one pass). The eviction policies' statistics are gathered
-    /// over the whole prompt in one pass.
+    /// Prompts run in passes of this many tokens, layer by layer, so that activation memory is
+    /// bounded by the chunk (0: the whole prompt in one pass). The eviction policies keep what
+    /// they keep after one pass.
     #[arg(long, default_value_t = kvslice_runtime::PREFILL_CHUNK)]
     prefill_chunk: usize,
 }

@@ -241,9 +241,9 @@ impl Llama {
 
     /// Prompts of more than `tokens` tokens run as passes of `tokens` (0: one pass), each
     /// attending to the cache the passes before it filled: the same function, with activation
-    /// memory bounded by the chunk instead of the prompt. Only where the cache takes chunks
-    /// ([`KvStore::takes_chunks`]); the statistics recorders of the eviction policies see the
-    /// whole prompt in one pass.
+    /// memory bounded by the chunk instead of the prompt. The passes go layer by layer (every
+    /// chunk through a layer before the next layer starts), where the cache takes chunks
+    /// ([`KvStore::takes_chunks`]).
     pub fn set_prefill_chunk(&mut self, tokens: usize) {
         self.prefill_chunk = tokens;
     }
@@ -308,17 +308,60 @@ impl Llama {
         }
         let chunk = self.prefill_chunk;
         if chunk > 0 && n > chunk && cache.takes_chunks() {
-            let mut hidden = Vec::with_capacity(n.div_ceil(chunk));
-            for (t, p) in tokens.chunks(chunk).zip(positions.chunks(chunk)) {
-                hidden.push(self.forward_pass(t, p, cache)?);
-            }
-            return Ok(Tensor::cat(hidden, 0));
+            return self.forward_chunked(tokens, positions, chunk, cache);
         }
-        self.forward_pass(tokens, positions, cache)
+        let (x, rotary) = self.embed(tokens, positions)?;
+        if n == 1 && self.fused_decode {
+            return self.decode_fused(x, positions, cache);
+        }
+        let mut x = x;
+        for (index, layer) in self.weights.layers.iter().enumerate() {
+            x = self.layer_forward(index, layer, x, &rotary, positions, cache)?;
+            if n > 1 {
+                let layers = self.weights.layers.len();
+                crate::progress::layer_done(crate::progress::LayerDone { layer: index, layers, tokens: n });
+            }
+        }
+        let _head = kvslice_kernels::dispatch::scope("head");
+        Ok(self.weights.norm.forward(x))
     }
 
-    /// [`Llama::forward`] in one pass.
-    fn forward_pass(&self, tokens: &[u32], positions: &[u32], cache: &mut impl KvStore) -> Result<Tensor<2>> {
+    /// [`Llama::forward`] in passes of `chunk` tokens, layer by layer: every chunk goes through
+    /// layer 0 (each attending to the entries the chunks before it appended), then every chunk
+    /// through layer 1, and so on. Activations are bounded by the chunk; what crosses a layer
+    /// is the prompt's hidden states (`[n, hidden]`, a fraction of one layer's K/V). A store
+    /// thus sees each layer's queries complete before the next layer starts, which is what
+    /// lets statistics recorders and CAKE's cascade take chunks. Every token is checked before
+    /// the first entry is written.
+    fn forward_chunked(
+        &self,
+        tokens: &[u32],
+        positions: &[u32],
+        chunk: usize,
+        cache: &mut impl KvStore,
+    ) -> Result<Tensor<2>> {
+        let n = tokens.len();
+        let mut parts = Vec::with_capacity(n.div_ceil(chunk));
+        for (t, p) in tokens.chunks(chunk).zip(positions.chunks(chunk)) {
+            let (x, rotary) = self.embed(t, p)?;
+            parts.push((Some(x), rotary, p));
+        }
+        let layers = self.weights.layers.len();
+        for (index, layer) in self.weights.layers.iter().enumerate() {
+            for (x, rotary, p) in &mut parts {
+                let input = x.take().ok_or_else(|| ModelError::Input("a chunk lost its hidden states".into()))?;
+                *x = Some(self.layer_forward(index, layer, input, rotary, p, cache)?);
+            }
+            crate::progress::layer_done(crate::progress::LayerDone { layer: index, layers, tokens: n });
+        }
+        let _head = kvslice_kernels::dispatch::scope("head");
+        let hidden = parts.into_iter().filter_map(|(x, _, _)| x).collect::<Vec<_>>();
+        Ok(self.weights.norm.forward(Tensor::cat(hidden, 0)))
+    }
+
+    /// The embeddings of `tokens` (`[n, hidden]`) and the RoPE tables of their `positions`;
+    /// a token outside the vocabulary is an error.
+    fn embed(&self, tokens: &[u32], positions: &[u32]) -> Result<(Tensor<2>, Rotary)> {
         let n = tokens.len();
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
             return Err(ModelError::Input(format!(
@@ -330,38 +373,37 @@ impl Llama {
             TensorData::new(tokens.iter().map(|&t| t as i32).collect::<Vec<_>>(), [n]),
             &self.device,
         );
-        let embed = kvslice_kernels::dispatch::scope("embed");
-        let mut x = match (&self.weights.embed_tokens, &self.weights.embed_quant) {
+        let _embed = kvslice_kernels::dispatch::scope("embed");
+        let x = match (&self.weights.embed_tokens, &self.weights.embed_quant) {
             (Some(table), _) => table.val().select(0, ids),
             (None, Some(q)) => kvslice_kernels::dequantize(q, Some(tokens), false)?,
             (None, None) => return Err(ModelError::Config("no embedding table".into())),
         };
-
         let half = self.config.head_dim / 2;
         let (cos, sin) = rope::tables(&self.inv_freq, positions);
         let rotary = Rotary {
             cos: Tensor::<1>::from_data(TensorData::new(cos, [n * half]), &self.device).reshape([1, n, half]),
             sin: Tensor::<1>::from_data(TensorData::new(sin, [n * half]), &self.device).reshape([1, n, half]),
         };
+        Ok((x, rotary))
+    }
 
-        drop(embed);
-        if n == 1 && self.fused_decode {
-            return self.decode_fused(x, positions, cache);
-        }
-        for (index, layer) in self.weights.layers.iter().enumerate() {
-            let _layer = kvslice_kernels::dispatch::scope("layer");
-            let h = layer.input_layernorm.forward(x.clone());
-            let attn = self.attention(index, &layer.self_attn, h, &rotary, positions, cache)?;
-            x = x + attn;
-            let h = layer.post_attention_layernorm.forward(x.clone());
-            x = x + layer.mlp.forward(h, self.skinny_rows);
-            if n > 1 {
-                let layers = self.weights.layers.len();
-                crate::progress::layer_done(crate::progress::LayerDone { layer: index, layers, tokens: n });
-            }
-        }
-        let _head = kvslice_kernels::dispatch::scope("head");
-        Ok(self.weights.norm.forward(x))
+    /// One decoder layer over the rows `x` (`[n, hidden]`) at `positions`.
+    fn layer_forward(
+        &self,
+        index: usize,
+        layer: &DecoderLayer,
+        x: Tensor<2>,
+        rotary: &Rotary,
+        positions: &[u32],
+        cache: &mut impl KvStore,
+    ) -> Result<Tensor<2>> {
+        let _layer = kvslice_kernels::dispatch::scope("layer");
+        let h = layer.input_layernorm.forward(x.clone());
+        let attn = self.attention(index, &layer.self_attn, h, rotary, positions, cache)?;
+        let x = x + attn;
+        let h = layer.post_attention_layernorm.forward(x.clone());
+        Ok(x + layer.mlp.forward(h, self.skinny_rows))
     }
 
     /// One decode row through every layer, each a handful of launches: the normed q|k|v

@@ -123,7 +123,7 @@ impl<'m> Session<'m> {
         session.check_room(prompt.len())?;
         let t0 = now();
         let positions: Vec<u32> = (0..prompt.len() as u32).collect();
-        let mut recorder = Recorder::new(&mut session.cache, request, model.config.num_layers);
+        let mut recorder = Recorder::new(&mut session.cache, request, model.config.num_layers, prompt.len());
         let hidden = model.forward(prompt, &positions, &mut recorder)?;
         let observations = recorder.finish();
         let stats_compute_seconds = observations.compute_seconds;

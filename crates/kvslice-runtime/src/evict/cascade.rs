@@ -38,6 +38,12 @@ pub(crate) struct CascadeStore<'p> {
     pub tail_queries: Vec<Option<Tensor<3>>>,
     /// Seconds spent in statistics, selection and compaction (inside the prefill).
     pub spent: f64,
+    /// The prompt's length: a layer is complete when the scratch holds this many entries.
+    len: usize,
+    /// The layer the scratch is filling, and the last queries of its chunks so far (after
+    /// RoPE, `[H, m, d]` each: what the window and the decode-time tail read).
+    filling: Option<usize>,
+    pending: Vec<Tensor<3>>,
 }
 
 fn err(e: impl std::fmt::Display) -> CacheError {
@@ -72,6 +78,9 @@ impl<'p> CascadeStore<'p> {
             tail,
             tail_queries: Vec::new(),
             spent: 0.0,
+            len,
+            filling: None,
+            pending: Vec::new(),
         })
     }
 
@@ -108,7 +117,12 @@ impl KvStore for CascadeStore<'_> {
         if layer != self.done.len() {
             return Err(err(format!("layer {layer} arrived after {} compressed layers", self.done.len())));
         }
-        self.scratch.clear();
+        // a layer's first chunk starts the scratch over; its later chunks append to it
+        if self.filling != Some(layer) {
+            self.scratch.clear();
+            self.pending.clear();
+            self.filling = Some(layer);
+        }
         self.scratch.append(0, keys, values, positions)
     }
 
@@ -119,10 +133,33 @@ impl KvStore for CascadeStore<'_> {
         }
     }
 
+    fn takes_chunks(&self) -> bool {
+        true
+    }
+
     fn observe_queries(&mut self, layer: usize, rotated: &Tensor<3>, raw: &Tensor<3>) -> kvslice_cache::Result<()> {
         let t0 = now();
-        self.tail_queries.push(super::observe::tail_queries(rotated, self.tail));
         let full = self.scratch.layer(0)?;
+        let rotated = if rotated.dims()[1] == self.len {
+            rotated.clone()
+        } else {
+            // a chunk: the layer is compressed once its last chunk is in; only the queries the
+            // window and the tail read are kept
+            self.pending.push(rotated.clone());
+            let keep = self.window.max(self.tail).max(1);
+            while self.pending.len() > 1 && self.pending[1..].iter().map(|q| q.dims()[1]).sum::<usize>() >= keep {
+                self.pending.remove(0);
+            }
+            if full.max_len() < self.len {
+                self.spent += now() - t0;
+                return Ok(());
+            }
+            Tensor::cat(std::mem::take(&mut self.pending), 1)
+        };
+        // the request has no query moments: the pre-RoPE queries are not read
+        let _ = raw;
+        let (rotated, raw) = (&rotated, &rotated);
+        self.tail_queries.push(super::observe::tail_queries(rotated, self.tail));
         let (keys, values) = full.view();
         let request = StatsRequest { windows: vec![self.window], ..StatsRequest::default() };
         let stats = pollster::block_on(layer_stats(rotated, raw, &keys, &values, &request, false)).map_err(err)?;

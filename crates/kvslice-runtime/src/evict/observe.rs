@@ -276,24 +276,40 @@ impl Observations {
 
 /// A [`KvStore`] that prefills into `cache` and computes the requested statistics of each layer
 /// from the queries the model offers.
+///
+/// It takes chunks: a layer's queries arrive chunk by chunk (every chunk of a layer before the
+/// next layer, [`KvStore::takes_chunks`]), and the layer's statistics are computed once its
+/// last chunk is in, from the queries kept meanwhile, exactly as from one pass. Only what the
+/// request reads is kept: every query of the layer where the column sums or the non-causal
+/// tables need them, the pre-RoPE queries for the moments, otherwise the last ones the windows
+/// and the decode-time tail read.
 pub(crate) struct Recorder<'c> {
     pub cache: &'c mut KvCache,
     pub request: &'c StatsRequest,
     pub layers: Vec<LayerTensors>,
     pub heads: usize,
+    /// The prompt's length: a layer is complete when its cache holds this many entries.
     pub len: usize,
     pub compute_seconds: f64,
+    /// The current layer's chunks so far: queries after RoPE and, where the moments read them,
+    /// before (each `[H, m, d]`).
+    pending: Vec<(Tensor<3>, Option<Tensor<3>>)>,
+    /// The current layer's queries so far (those dropped from `pending` included).
+    seen: usize,
 }
 
 impl<'c> Recorder<'c> {
-    pub fn new(cache: &'c mut KvCache, request: &'c StatsRequest, layers: usize) -> Self {
+    /// A recorder of a prompt of `len` tokens prefilled into the empty `cache`.
+    pub fn new(cache: &'c mut KvCache, request: &'c StatsRequest, layers: usize, len: usize) -> Self {
         Recorder {
             cache,
             request,
             layers: vec![LayerTensors::default(); layers],
             heads: 0,
-            len: 0,
+            len,
             compute_seconds: 0.0,
+            pending: Vec::new(),
+            seen: 0,
         }
     }
 
@@ -307,6 +323,15 @@ impl<'c> Recorder<'c> {
             head_dim: g.head_dim,
             len: self.len,
         }
+    }
+
+    /// How many of a layer's last queries after RoPE its statistics read (all: `usize::MAX`).
+    fn rotated_rows(&self, layer: usize) -> usize {
+        let r = self.request;
+        if r.accumulated || !r.non_causal.is_empty() || r.counter_causal_layers.contains(&layer) {
+            return usize::MAX;
+        }
+        r.windows.iter().copied().max().unwrap_or(0).max(r.tail_queries).max(1)
     }
 }
 
@@ -328,18 +353,70 @@ impl KvStore for Recorder<'_> {
     fn observe_queries(&mut self, layer: usize, rotated: &Tensor<3>, raw: &Tensor<3>) -> kvslice_cache::Result<()> {
         let t0 = crate::host::now();
         let stored = self.cache.layer(layer)?;
-        let [heads, n, _] = rotated.dims();
+        let n = stored.max_len();
+        let [heads, m, _] = rotated.dims();
         self.heads = heads;
-        self.len = n;
+        let (rotated, raw) = if m == n && n == self.len {
+            (rotated.clone(), raw.clone())
+        } else {
+            // a chunk: kept until the layer's last one is in
+            let keep = self.rotated_rows(layer);
+            let moments = self.request.query_moments_skip.is_some();
+            if n == m {
+                // the layer's first chunk
+                self.pending.clear();
+                self.seen = 0;
+            }
+            self.seen += m;
+            if self.seen != n {
+                return Err(kvslice_cache::CacheError::Eviction(format!(
+                    "layer {layer}: {} queries for {n} cached entries (chunks out of order?)",
+                    self.seen
+                )));
+            }
+            let mut kept = std::mem::take(&mut self.pending);
+            kept.push((rotated.clone(), moments.then(|| raw.clone())));
+            if n < self.len {
+                // older rows that no statistic reads are dropped as chunks arrive
+                let rows = kept.iter().map(|(q, _)| q.dims()[1]).collect::<Vec<_>>();
+                let mut later = 0;
+                for i in (0..kept.len()).rev() {
+                    let spare = later >= keep && !moments;
+                    later += rows[i];
+                    if spare {
+                        kept.remove(i);
+                    }
+                }
+                self.pending = kept;
+                self.compute_seconds += crate::host::now() - t0;
+                return Ok(());
+            }
+            // (without the moments the pre-RoPE queries are not read: the last chunk's stand in)
+            let rotated = Tensor::cat(kept.iter().map(|(q, _)| q.clone()).collect(), 1);
+            let raw =
+                if moments { Tensor::cat(kept.into_iter().filter_map(|(_, r)| r).collect(), 1) } else { raw.clone() };
+            (rotated, raw)
+        };
+        if n != self.len {
+            return Err(kvslice_cache::CacheError::Eviction(format!(
+                "layer {layer} holds {n} entries, the prompt has {}",
+                self.len
+            )));
+        }
+        let stored = self.cache.layer(layer)?;
         let (keys, values) = stored.view();
         let storage = stored.storage().filter(|_| stored.lens().iter().all(|&l| l == n));
         let counter_causal = self.request.counter_causal_layers.contains(&layer);
         let kv = Kv { keys: &keys, values: &values, storage };
         // the automatic route falls back to Burn ops instead of failing
-        self.layers[layer] = compute(rotated, raw, kv, self.request, counter_causal, Route::Auto)
+        self.layers[layer] = compute(&rotated, &raw, kv, self.request, counter_causal, Route::Auto)
             .map_err(|e| kvslice_cache::CacheError::Kernel(e.to_string()))?;
         self.compute_seconds += crate::host::now() - t0;
         Ok(())
+    }
+
+    fn takes_chunks(&self) -> bool {
+        true
     }
 }
 
@@ -362,14 +439,15 @@ fn compute(
     counter_causal: bool,
     route: Route,
 ) -> std::result::Result<LayerTensors, kvslice_kernels::KernelError> {
-    let n = rotated.dims()[1];
     let keys = kv.keys;
+    let n = keys.dims()[1];
+    let rows = rotated.dims()[1];
     let windows = request
         .windows
         .iter()
         .map(|&w| {
-            let w = w.min(n);
-            window_tensors_via(route, rotated.clone().narrow(1, n - w, w), n, kv, request)
+            let w = w.min(rows);
+            window_tensors_via(route, rotated.clone().narrow(1, rows - w, w), n, kv, request)
         })
         .collect::<std::result::Result<_, _>>()?;
     Ok(LayerTensors {
@@ -831,7 +909,7 @@ pub async fn layer_stats_via(
     request: &StatsRequest,
     counter_causal: bool,
 ) -> Result<HostLayerStats> {
-    let [heads, n, d] = rotated.dims();
+    let [heads, _, d] = rotated.dims();
     let kv = Kv { keys, values, storage: None };
     let layer = compute(rotated, raw, kv, request, counter_causal, route)
         .map_err(|e| crate::error::RuntimeError::Device(format!("window-statistics kernel: {e}")))?;
@@ -841,7 +919,7 @@ pub async fn layer_stats_via(
         heads,
         kv_heads: keys.dims()[0],
         head_dim: d,
-        len: n,
+        len: keys.dims()[1],
     };
     Ok(obs.read().await?.remove(0))
 }
