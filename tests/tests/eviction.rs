@@ -877,3 +877,45 @@ fn chunked_prefill_keeps_what_one_pass_keeps_cpu() {
 fn chunked_prefill_keeps_what_one_pass_keeps_wgpu() {
     chunked_prefill_keeps_what_one_pass_keeps(wgpu());
 }
+
+/// H2O's accumulated attention comes out of the model's own attention pass (each chunk's
+/// attention adds its queries' weights into the slots' sums): over a prompt of 100 tokens in
+/// chunks of 24 (the last of 4 rows, which the CPU backend attends with Burn's ops instead of
+/// the tiled kernel) it equals the policy crate's reference, computed in f64 from the queries
+/// and keys of a plain one-pass forward.
+fn accumulated_attention_from_the_prefill_matches_the_reference(device: Device) {
+    let mut model = tiny(&device);
+    let ids = prompt(100);
+    let c = &model.config;
+    let dims = Dims { heads: c.num_heads, kv_heads: c.num_kv_heads, len: ids.len(), head_dim: c.head_dim };
+    let geometry = kvslice_cache::CacheGeometry {
+        layers: c.num_layers,
+        kv_heads: c.num_kv_heads,
+        head_dim: c.head_dim,
+        capacity: ids.len(),
+    };
+    let positions: Vec<u32> = (0..ids.len() as u32).collect();
+    let mut plain =
+        QueryRecorder { cache: kvslice_cache::KvCache::new(geometry, &device).unwrap(), queries: Vec::new() };
+    model.forward(&ids, &positions, &mut plain).unwrap();
+    model.set_prefill_chunk(24);
+    let request = StatsRequest { accumulated: true, ..StatsRequest::default() };
+    let prefilled = pollster::block_on(Session::prefill_for(&model, &ids, &request)).unwrap();
+    for (l, q) in plain.queries.iter().enumerate() {
+        let (k, v) = kvslice_cache::KvStore::layer(&plain.cache, l).unwrap().view();
+        let read = |t: Tensor<3>| t.into_data().try_to_vec::<f32>().unwrap();
+        let want = reference::window_stats(dims, q, &read(k), &read(v), 1).unwrap();
+        let got = prefilled.stats[l].window(0).unwrap().accumulated.as_ref().unwrap();
+        close(&format!("layer {l} accumulated"), got, want.accumulated.as_ref().unwrap());
+    }
+}
+
+#[test]
+fn accumulated_attention_from_the_prefill_matches_the_reference_cpu() {
+    accumulated_attention_from_the_prefill_matches_the_reference(cpu());
+}
+
+#[test]
+fn accumulated_attention_from_the_prefill_matches_the_reference_wgpu() {
+    accumulated_attention_from_the_prefill_matches_the_reference(wgpu());
+}

@@ -327,6 +327,32 @@ fn a_prompt_of_the_whole_context_on_wgpu_matches_the_cpu() {
     eprintln!("{n}-token prompt: worst relative difference cpu vs wgpu {worst:.1e}");
 }
 
+/// The tiled projection kernel in the model: a prompt of 300 tokens (a chunk of 256 and one
+/// of 44) on wgpu with every projection of more than the skinny kernel's rows through
+/// `kvslice_kernels::gemm` gives the CPU backend's logits.
+#[test]
+fn tiled_products_on_wgpu_match_the_cpu() {
+    let weights = kvslice_tests::tiny_hf_weights("llama");
+    let tokens: Vec<u32> = (0..300).map(|i| 3 + ((i * 131 + 7) % 250) as u32).collect();
+    let rows = [0, 100, 255, 256, 299];
+    let logits = |device: &Device, tiled: bool| {
+        let mut model = load_llama(&weights, device).unwrap();
+        model.set_tiled_products(tiled);
+        model.set_prefill_chunk(256);
+        let mut session = Session::new(&model, tokens.len()).unwrap();
+        kvslice_kernels::dispatch::count(|| pollster::block_on(session.logits_at(&tokens, &rows)).unwrap())
+    };
+    let ((want, _), (got, launches)) = (logits(&cpu(), false), logits(&wgpu(), true));
+    // q|k|v, o, gate|up and down of 3 layers, for each of the 2 chunks
+    let gemms = launches.by_kernel.get(&("layer".to_string(), "wgsl:gemm/gemm".to_string())).copied();
+    assert_eq!(gemms, Some(4 * 3 * 2), "{launches:?}");
+    for (r, (a, b)) in rows.iter().zip(want.iter().zip(&got)) {
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() / x.abs().max(1.0) < 1e-3, "row {r}: cpu {x} vs tiled wgpu {y}");
+        }
+    }
+}
+
 /// A GGUF whose fused projections mix block formats, as the files people download do (a
 /// Q4_K_M file stores `v` in Q6_K or Q8_0 beside Q4_K or Q5_0 `q` and `k`): the tiny llama's
 /// `v` from its Q8_0 file, every other tensor from its Q4_0 file.

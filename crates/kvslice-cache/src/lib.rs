@@ -675,6 +675,22 @@ pub trait KvStore {
         Ok(())
     }
 
+    /// Whether the store wants, with each attention of `layer`, the attention each slot
+    /// received from the queries, summed over them ([`KvStore::offer_attention_sums`]): H2O's
+    /// accumulated attention, which the attention computes in its own pass. False by default.
+    fn wants_attention_sums(&self, layer: usize) -> bool {
+        let _ = layer;
+        false
+    }
+
+    /// Offered, when [`KvStore::wants_attention_sums`], right after `layer`'s attention: `[heads,
+    /// slots]`, the attention of the queries just run summed over them, per slot of the layer
+    /// (slots past a query's visible prefix get nothing from it).
+    fn offer_attention_sums(&mut self, layer: usize, sums: Tensor<2>) -> Result<()> {
+        let _ = (layer, sums);
+        Ok(())
+    }
+
     /// Whether a forward may feed its tokens in several passes (chunked prefill). The passes
     /// come layer by layer: every chunk of layer `l`, in order, each appended and then offered
     /// through [`KvStore::observe_queries`], before the first chunk of layer `l + 1`. False
@@ -699,6 +715,14 @@ impl<S: KvStore + ?Sized> KvStore for &mut S {
 
     fn takes_chunks(&self) -> bool {
         (**self).takes_chunks()
+    }
+
+    fn wants_attention_sums(&self, layer: usize) -> bool {
+        (**self).wants_attention_sums(layer)
+    }
+
+    fn offer_attention_sums(&mut self, layer: usize, sums: Tensor<2>) -> Result<()> {
+        (**self).offer_attention_sums(layer, sums)
     }
 }
 

@@ -1,8 +1,9 @@
-//! Times the skinny projection kernel against Burn's matmul (plus a broadcast bias add, as a
-//! model would write it) on the projections of a SmolLM2-135M decode step.
+//! Times the skinny projection kernel (or, with `--gemm`, the tiled prefill kernel) against
+//! Burn's matmul (plus a broadcast bias add, as a model would write it) on the projections of
+//! a SmolLM2-135M decode step.
 //!
 //! ```text
-//! cargo run -p kvslice-kernels --example bench_linear -- [--rows 1,4] [--reps 5] [--bias] [--no-head]
+//! cargo run -p kvslice-kernels --example bench_linear -- [--rows 1,4] [--reps 5] [--bias] [--no-head] [--gemm]
 //! ```
 //!
 //! Prints one Markdown table: milliseconds per call (median of `reps`, after one warm-up, each
@@ -13,7 +14,7 @@
 use std::time::Instant;
 
 use burn::tensor::{Device, DeviceKind, Tensor, TensorData};
-use kvslice_kernels::linear;
+use kvslice_kernels::{gemm, linear};
 
 /// (name, d_in, d_out, uses per layer); the head is used once per step.
 const SHAPES: [(&str, usize, usize, usize); 5] = [
@@ -56,6 +57,7 @@ fn main() {
     let mut reps = 5usize;
     let mut with_bias = false;
     let mut head = true;
+    let mut tiled = false;
     let args: Vec<String> = std::env::args().collect();
     let mut i = 1;
     while i < args.len() {
@@ -70,6 +72,7 @@ fn main() {
             }
             "--bias" => with_bias = true,
             "--no-head" => head = false,
+            "--gemm" => tiled = true,
             other => panic!("unknown argument {other}"),
         }
         i += 1;
@@ -77,7 +80,8 @@ fn main() {
     let dev = Device::wgpu(DeviceKind::DefaultDevice);
     let mut seed = 0x2545_f491_4f6c_dd1d_u64;
     println!("bias: {with_bias}, reps: {reps}\n");
-    println!("| shape | n | matmul ms | linear ms | matmul / linear |");
+    let kernel_name = if tiled { "gemm" } else { "linear" };
+    println!("| shape | n | matmul ms | {kernel_name} ms | matmul / {kernel_name} |");
     println!("|---|---:|---:|---:|---:|");
     for &n in &rows {
         let (mut step_matmul, mut step_linear) = (0.0, 0.0);
@@ -97,7 +101,9 @@ fn main() {
                 drop(y);
             });
             let kernel = median_ms(&dev, reps, || {
-                drop(linear(x.clone(), w.clone(), b.clone()).expect("valid shapes"));
+                let y =
+                    if tiled { gemm(x.clone(), w.clone(), b.clone()) } else { linear(x.clone(), w.clone(), b.clone()) };
+                drop(y.expect("valid shapes"));
             });
             let uses = if per_layer == 0 { 1 } else { per_layer * LAYERS };
             step_matmul += matmul * uses as f64;

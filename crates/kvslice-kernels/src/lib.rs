@@ -8,6 +8,7 @@
 //! | 4. skinny projection `x·W + b` | [`linear`] | `shaders/linear.wgsl` |
 //! | 5. fused decode-step stages | [`project`], [`rope_split`], [`rms_norm`] | `shaders/project.wgsl`, `shaders/step.wgsl` |
 //! | 6. projections over quantized blocks | [`qproject`], [`dequantize`] | `shaders/qproject.wgsl` |
+//! | 7. tiled projection `x·W + b` (prefill) | [`gemm`] | `shaders/gemm.wgsl` |
 //!
 //! Every function validates shapes, lengths, capacities and `head_dim` and returns a
 //! [`KernelError`] before dispatching anything; it then only queues work on the tensors'
@@ -24,6 +25,7 @@ mod decode;
 pub mod dispatch;
 mod error;
 mod fused;
+mod gemm;
 mod gpu;
 mod linear;
 mod params;
@@ -35,6 +37,7 @@ pub use compact::{CacheTensors, append_rows, compact_in_place_host, write_rows};
 pub use decode::decode_attention;
 pub use error::{KernelError, Result};
 pub use fused::{Fusion, QkvRow, project, rms_norm, rope_split};
+pub use gemm::gemm;
 pub use gpu::{BufferId, buffer_id, int_buffer_id};
 pub use linear::linear;
 pub use params::{Layout, layout};

@@ -169,7 +169,7 @@ pub fn layout(family: Family) -> Option<Layout> {
         Family::Compact => {
             layout_of!(CompactParams { kv_heads, cap, head_dim, kept_stride, rows_per_chunk }, tail "counts")
         }
-        Family::Linear | Family::Linear4 => layout_of!(LinearParams { n, d_in, cols, flags, groups_y }),
+        Family::Linear | Family::Linear4 | Family::Gemm => layout_of!(LinearParams { n, d_in, cols, flags, groups_y }),
         Family::Project | Family::Project4 => layout_of!(ProjectParams { d_in, cols, w_stride, flags, eps }),
         Family::Step => layout_of!(StepParams { heads, kv_heads, head_dim, width, eps }),
         Family::QProject => layout_of!(

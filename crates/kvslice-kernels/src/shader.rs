@@ -34,6 +34,9 @@ pub(crate) const LINEAR_WG: u32 = 64;
 pub(crate) const PROJECT_WG: u32 = 64;
 pub(crate) const STEP_WG: u32 = 64;
 pub(crate) const QPROJECT_WG: u32 = 64;
+pub(crate) const GEMM_WG_X: u32 = 16;
+pub(crate) const GEMM_WG_Y: u32 = 16;
+pub(crate) const GEMM_BK: u32 = 16;
 
 /// One WGSL file of `shaders/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -58,11 +61,13 @@ pub enum Family {
     Step,
     /// `qproject.wgsl`: entries `project`, `dequant`.
     QProject,
+    /// `gemm.wgsl`: entry `gemm`.
+    Gemm,
 }
 
 impl Family {
     /// Every family.
-    pub const ALL: [Family; 10] = [
+    pub const ALL: [Family; 11] = [
         Family::WindowStats,
         Family::Compact,
         Family::Append,
@@ -73,6 +78,7 @@ impl Family {
         Family::Project4,
         Family::Step,
         Family::QProject,
+        Family::Gemm,
     ];
 
     /// File name under `shaders/`.
@@ -86,6 +92,7 @@ impl Family {
             Family::Project | Family::Project4 => "project.wgsl",
             Family::Step => "step.wgsl",
             Family::QProject => "qproject.wgsl",
+            Family::Gemm => "gemm.wgsl",
         }
     }
 
@@ -100,6 +107,7 @@ impl Family {
             Family::Project | Family::Project4 => include_str!("../../../shaders/project.wgsl"),
             Family::Step => include_str!("../../../shaders/step.wgsl"),
             Family::QProject => include_str!("../../../shaders/qproject.wgsl"),
+            Family::Gemm => include_str!("../../../shaders/gemm.wgsl"),
         }
     }
 
@@ -114,6 +122,7 @@ impl Family {
             Family::Project | Family::Project4 => &["project"],
             Family::Step => &["rope", "norm"],
             Family::QProject => &["project", "dequant"],
+            Family::Gemm => &["gemm"],
         }
     }
 
@@ -127,6 +136,7 @@ impl Family {
             Family::Project | Family::Project4 => "project",
             Family::Step => "step",
             Family::QProject => "qproject",
+            Family::Gemm => "gemm",
         }
     }
 
@@ -147,6 +157,7 @@ impl Family {
             Family::Project | Family::Project4 => vec![("wg", PROJECT_WG)],
             Family::Step => vec![("wg", STEP_WG)],
             Family::QProject => vec![("wg", QPROJECT_WG)],
+            Family::Gemm => vec![("wg_x", GEMM_WG_X), ("wg_y", GEMM_WG_Y), ("bk", GEMM_BK)],
         }
     }
 
@@ -182,6 +193,7 @@ impl Family {
             (Family::Project | Family::Project4, _) => PROJECT_WG,
             (Family::Step, _) => STEP_WG,
             (Family::QProject, _) => QPROJECT_WG,
+            (Family::Gemm, _) => GEMM_WG_X * GEMM_WG_Y,
         }
     }
 }

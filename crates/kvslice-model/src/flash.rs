@@ -56,6 +56,40 @@ pub fn attention(
     scale: f32,
     threads: usize,
 ) -> Result<Vec<f32>, String> {
+    Ok(attention_impl(q, k, v, shape, cutoffs, scale, threads, false)?.0)
+}
+
+/// [`attention`], and in the same pass the attention each slot receives from these queries,
+/// summed over them: `[heads, len]`, `Σ_i softmax_j(q_i k_jᵀ · scale)` over the slots query
+/// `i` sees (H2O's accumulated attention; sums of successive chunks of a prompt add up to the
+/// whole prompt's). Each block keeps its tiles' exponentials until its rows' maxima and sums
+/// are final, then adds the normalised weights into the columns: no second product of queries
+/// and keys. Workers take the blocks in a fixed interleave and their sums are added in order,
+/// so the result does not depend on scheduling.
+pub fn attention_with_sums(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    shape: Shape,
+    cutoffs: Cutoffs<'_>,
+    scale: f32,
+    threads: usize,
+) -> Result<(Vec<f32>, Vec<f32>), String> {
+    let (out, sums) = attention_impl(q, k, v, shape, cutoffs, scale, threads, true)?;
+    Ok((out, sums.unwrap_or_default()))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_impl(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    shape: Shape,
+    cutoffs: Cutoffs<'_>,
+    scale: f32,
+    threads: usize,
+    with_sums: bool,
+) -> Result<(Vec<f32>, Option<Vec<f32>>), String> {
     let Shape { heads, kv_heads, n, len, head_dim: d } = shape;
     if kv_heads == 0 || !heads.is_multiple_of(kv_heads) || d == 0 {
         return Err(format!("{heads} query heads over {kv_heads} KV heads of dimension {d}"));
@@ -75,12 +109,16 @@ pub fn attention(
     // workers finish together.
     let blocks: Vec<(usize, &mut [f32])> = out.chunks_mut(BLOCK_Q * row).enumerate().collect();
     let threads = threads.clamp(1, blocks.len().max(1));
+    if with_sums {
+        let sums = job.blocks_with_sums(blocks, threads)?;
+        return Ok((out, Some(sums)));
+    }
     if threads == 1 {
         let mut scratch = Scratch::new(heads / kv_heads, d);
         for (b, dst) in blocks {
-            job.block(b * BLOCK_Q, dst, &mut scratch);
+            job.block(b * BLOCK_Q, dst, &mut scratch, None);
         }
-        return Ok(out);
+        return Ok((out, None));
     }
     let queue = std::sync::Mutex::new(blocks);
     std::thread::scope(|s| {
@@ -90,12 +128,12 @@ pub fn attention(
                 loop {
                     let next = queue.lock().map(|mut q| q.pop()).unwrap_or(None);
                     let Some((b, dst)) = next else { break };
-                    job.block(b * BLOCK_Q, dst, &mut scratch);
+                    job.block(b * BLOCK_Q, dst, &mut scratch, None);
                 }
             });
         }
     });
-    Ok(out)
+    Ok((out, None))
 }
 
 struct Job<'a> {
@@ -118,6 +156,17 @@ struct Scratch {
     cut: Vec<usize>,
 }
 
+/// A block's tiles of exponentials, kept until its rows' maxima and sums are final
+/// ([`attention_with_sums`]), and the sums they are added into.
+struct Kept<'a> {
+    /// `[rows, seen]`: each tile's `exp(s − m)`, zeros where a row sees nothing.
+    p: Vec<f32>,
+    /// `[tiles, rows]`: the running maximum `m` each tile's exponentials are shifted by.
+    tile_max: Vec<f32>,
+    /// `[heads, len]`.
+    sums: &'a mut [f32],
+}
+
 impl Scratch {
     fn new(group: usize, d: usize) -> Self {
         let rows = group * BLOCK_Q;
@@ -134,7 +183,43 @@ impl Scratch {
 
 impl Job<'_> {
     /// Queries `i0..i0 + dst.len() / row` of every head into `dst` (`[rows, heads · d]`).
-    fn block(&self, i0: usize, dst: &mut [f32], s: &mut Scratch) {
+    /// The blocks of `attention_with_sums`, in a fixed interleave across `threads` workers.
+    fn blocks_with_sums(&self, blocks: Vec<(usize, &mut [f32])>, threads: usize) -> Result<Vec<f32>, String> {
+        let Shape { heads, kv_heads, len, head_dim: d, .. } = self.shape;
+        let mut lanes: Vec<Vec<(usize, &mut [f32])>> = (0..threads).map(|_| Vec::new()).collect();
+        for (i, block) in blocks.into_iter().rev().enumerate() {
+            lanes[i % threads].push(block);
+        }
+        let run = |lane: Vec<(usize, &mut [f32])>| {
+            let mut sums = vec![0f32; heads * len];
+            let mut scratch = Scratch::new(heads / kv_heads, d);
+            let mut kept = Kept { p: Vec::new(), tile_max: Vec::new(), sums: &mut sums };
+            for (b, dst) in lane {
+                self.block(b * BLOCK_Q, dst, &mut scratch, Some(&mut kept));
+            }
+            sums
+        };
+        let parts: Vec<Vec<f32>> = if threads == 1 {
+            lanes.into_iter().map(run).collect()
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = lanes.into_iter().map(|lane| s.spawn(move || run(lane))).collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().map_err(|_| "an attention worker panicked".to_string()))
+                    .collect::<Result<Vec<_>, String>>()
+            })?
+        };
+        let mut total = vec![0f32; heads * len];
+        for part in &parts {
+            for (t, &x) in total.iter_mut().zip(part) {
+                *t += x;
+            }
+        }
+        Ok(total)
+    }
+
+    fn block(&self, i0: usize, dst: &mut [f32], s: &mut Scratch, mut kept: Option<&mut Kept<'_>>) {
         let Shape { heads, kv_heads, n, len, head_dim: d } = self.shape;
         let group = heads / kv_heads;
         let bq = dst.len() / (heads * d);
@@ -164,6 +249,10 @@ impl Job<'_> {
             s.acc[..rows * d].fill(0.0);
             let keys = &self.k[h * len * d..(h + 1) * len * d];
             let values = &self.v[h * len * d..(h + 1) * len * d];
+            if let Some(k) = kept.as_deref_mut() {
+                k.p.resize(rows * seen, 0.0);
+                k.tile_max.clear();
+            }
             let mut j0 = 0;
             while j0 < seen {
                 let t = BLOCK_K.min(seen - j0);
@@ -178,6 +267,12 @@ impl Job<'_> {
                 );
                 let tile = Tile { scores, t, j0, lo: &[], cut: &s.cut[..rows], d };
                 online_softmax(tile, &mut s.max[..rows], &mut s.sum[..rows], &mut s.acc[..rows * d]);
+                if let Some(k) = kept.as_deref_mut() {
+                    for r in 0..rows {
+                        k.p[r * seen + j0..r * seen + j0 + t].copy_from_slice(&scores[r * t..(r + 1) * t]);
+                    }
+                    k.tile_max.extend_from_slice(&s.max[..rows]);
+                }
                 // acc[rows, d] += scores[rows, t] · values[j0..j0 + t]
                 gemm_f32(
                     Mat { data: &mut s.acc[..rows * d], rows, cols: d, row_stride: d, col_stride: 1 },
@@ -194,6 +289,29 @@ impl Job<'_> {
                 let o = &mut dst[i * heads * d + (h * group + g) * d..][..d];
                 for (o, &a) in o.iter_mut().zip(&s.acc[r * d..(r + 1) * d]) {
                     *o = a * inv;
+                }
+            }
+            if let Some(k) = kept.as_deref_mut() {
+                // a_ij = exp(s_ij − m_tile) · exp(m_tile − m_final) / sum_final
+                for r in 0..rows {
+                    let g = r / bq;
+                    if s.sum[r] <= 0.0 {
+                        continue;
+                    }
+                    let inv = 1.0 / s.sum[r];
+                    let col = &mut k.sums[(h * group + g) * len..][..seen];
+                    let line = &k.p[r * seen..(r + 1) * seen];
+                    for (tile, j0) in (0..seen).step_by(BLOCK_K).enumerate() {
+                        let m = k.tile_max[tile * rows + r];
+                        if m == f32::NEG_INFINITY {
+                            continue;
+                        }
+                        let c = exp_nonpositive(m - s.max[r]) * inv;
+                        let t = BLOCK_K.min(seen - j0);
+                        for (o, &p) in col[j0..j0 + t].iter_mut().zip(&line[j0..j0 + t]) {
+                            *o += p * c;
+                        }
+                    }
                 }
             }
         }
@@ -716,6 +834,47 @@ mod tests {
         let got = attention(&q, &k, &v, s, Cutoffs::All, 0.3, 2).unwrap();
         let want = reference(&q, &k, &v, s, &|_, _| s.len, 0.3);
         assert!(worst(&got, &want) < 2e-5, "max |Δ| {}", worst(&got, &want));
+    }
+
+    #[test]
+    fn attention_sums_come_with_the_attention() {
+        // A chunk of queries after cached slots (the later chunks of a prompt) and a prompt
+        // from the start; the tiles kept per block span several key tiles (BLOCK_K 256), and
+        // each KV head has its own prefix in the first case.
+        for &(n, len, spread) in &[(90usize, 600usize, 4.0f32), (300, 300, 8.0), (1, 1, 1.0)] {
+            let s = Shape { heads: 6, kv_heads: 2, n, len, head_dim: 16 };
+            let (q, k, v) = data(s, 90 + n as u64, spread);
+            let prefix = |h: usize, i: usize| (len - n + i + 1 - 7 * h * usize::from(len > n)).min(len);
+            let cut: Vec<i32> = (0..2).flat_map(|h| (0..n).map(move |i| prefix(h, i) as i32)).collect();
+            let cutoffs = Cutoffs::Prefix { mask_heads: 2, cut: &cut };
+            let mut want = vec![0f64; s.heads * len];
+            for h in 0..s.heads {
+                let kh = h / 3;
+                for i in 0..n {
+                    let seen = prefix(kh, i);
+                    let scores: Vec<f64> = (0..seen)
+                        .map(|j| {
+                            (0..16)
+                                .map(|c| q[(h * n + i) * 16 + c] as f64 * k[(kh * len + j) * 16 + c] as f64)
+                                .sum::<f64>()
+                                * 0.25
+                        })
+                        .collect();
+                    let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let z: f64 = scores.iter().map(|x| (x - m).exp()).sum();
+                    for (j, x) in scores.iter().enumerate() {
+                        want[h * len + j] += (x - m).exp() / z;
+                    }
+                }
+            }
+            let alone = attention(&q, &k, &v, s, cutoffs, 0.25, 1).unwrap();
+            for threads in [1, 2, 3] {
+                let (out, sums) = attention_with_sums(&q, &k, &v, s, cutoffs, 0.25, threads).unwrap();
+                assert_eq!(out, alone, "n {n}, {threads} threads: the attention itself");
+                let e = sums.iter().zip(&want).map(|(&x, &y)| (x as f64 - y).abs() / y.max(1.0)).fold(0.0, f64::max);
+                assert!(e < 2e-5, "n {n}, len {len}, {threads} threads: max relative |Δ| {e}");
+            }
+        }
     }
 
     #[test]

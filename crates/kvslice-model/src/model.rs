@@ -92,11 +92,13 @@ impl Linear {
     }
 
     /// [`Linear::forward`], through the WGSL skinny-product kernel when `x` has at most
-    /// `skinny_rows` rows (0 where the weights are not on wgpu).
+    /// `products.skinny_rows` rows (0 where the weights are not on wgpu), through the tiled
+    /// kernel above that where `products.tiled` says so.
     ///
     /// # Shapes
     /// `x: [n, d_in]` → `[n, d_out]`
-    pub fn forward_on(&self, x: Tensor<2>, skinny_rows: usize) -> Tensor<2> {
+    pub fn forward_on(&self, x: Tensor<2>, products: Products) -> Tensor<2> {
+        let skinny_rows = products.skinny_rows;
         if x.dims()[0] == 1
             && self.quant.is_some()
             && let Ok(y) = self.project(&x, kvslice_kernels::Fusion::default())
@@ -116,8 +118,27 @@ impl Linear {
                 }
             }
         }
+        if products.tiled && x.dims()[0] > skinny_rows {
+            let bias = self.bias.as_ref().map(|b| b.val());
+            // the weight's shapes were checked at load; a refusal (a width the kernel does not
+            // take) leaves the product to Burn's matmul
+            if let Ok(w) = self.weight()
+                && let Ok(y) = kvslice_kernels::gemm(x.clone(), w, bias)
+            {
+                return y;
+            }
+        }
         self.forward(x)
     }
+}
+
+/// Which kernels a projection runs on (see [`Linear::forward_on`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Products {
+    /// Up to this many rows, the skinny-product kernel (0: never; off wgpu).
+    pub skinny_rows: usize,
+    /// Above them, the tiled kernel instead of Burn's matmul (wgpu only).
+    pub tiled: bool,
 }
 
 /// Grouped-query self-attention.
@@ -144,11 +165,11 @@ pub struct Mlp {
 impl Mlp {
     /// # Shapes
     /// `x: [n, hidden]` → `[n, hidden]`
-    pub fn forward(&self, x: Tensor<2>, skinny_rows: usize) -> Tensor<2> {
-        let both = self.gate_up_proj.forward_on(x, skinny_rows);
+    pub fn forward(&self, x: Tensor<2>, products: Products) -> Tensor<2> {
+        let both = self.gate_up_proj.forward_on(x, products);
         let inter = both.dims()[1] / 2;
         let gate = silu(both.clone().narrow(1, 0, inter));
-        self.down_proj.forward_on(gate * both.narrow(1, inter, inter), skinny_rows)
+        self.down_proj.forward_on(gate * both.narrow(1, inter, inter), products)
     }
 }
 
@@ -211,6 +232,8 @@ pub struct Llama {
     skinny_rows: usize,
     /// Decode steps (one row) run each layer as kvslice's fused kernels (wgpu only).
     fused_decode: bool,
+    /// Projections of more than `skinny_rows` rows run on the tiled kernel (wgpu only).
+    tiled_products: bool,
     /// Prompts run in passes of at most this many tokens where the cache takes chunks (0:
     /// one pass).
     prefill_chunk: usize,
@@ -235,8 +258,21 @@ impl Llama {
         let kernels = kvslice_kernels::buffer_id(&weights.norm.weight.val()).is_some();
         let skinny_rows = if kernels { SKINNY_ROWS } else { 0 };
         let fused_decode = kernels;
+        // off by default: on lavapipe the tiled kernel runs 3× slower than Burn's matmul
+        // (docs/BENCHMARKS.md, "A tiled WGSL GEMM")
+        let tiled_products = kernels && std::env::var("KVSLICE_TILED_PRODUCTS").is_ok_and(|v| v == "on");
         let prefill_chunk = PREFILL_CHUNK;
-        Ok(Self { config, weights, inv_freq, device, kernels, skinny_rows, fused_decode, prefill_chunk })
+        Ok(Self {
+            config,
+            weights,
+            inv_freq,
+            device,
+            kernels,
+            skinny_rows,
+            fused_decode,
+            tiled_products,
+            prefill_chunk,
+        })
     }
 
     /// Prompts of more than `tokens` tokens run as passes of `tokens` (0: one pass), each
@@ -258,6 +294,20 @@ impl Llama {
     /// kernels sum in another order).
     pub fn set_fused_decode(&mut self, on: bool) {
         self.fused_decode = on && self.kernels;
+    }
+
+    /// Whether projections of more rows than the skinny-product kernel takes (prompts) run on
+    /// kvslice's tiled kernel ([`kvslice_kernels::gemm`]) or on Burn's matmul; without effect
+    /// off wgpu. Off by default (Burn's matmul is faster on lavapipe, the one adapter measured);
+    /// `KVSLICE_TILED_PRODUCTS=on` turns it on at load, to measure it on others. The two
+    /// compute the same function (summed in another order).
+    pub fn set_tiled_products(&mut self, on: bool) {
+        self.tiled_products = on && self.kernels;
+    }
+
+    /// The kernels the projections run on.
+    fn products(&self) -> Products {
+        Products { skinny_rows: self.skinny_rows, tiled: self.tiled_products }
     }
 
     /// Projections of up to `rows` rows (at least 1: decode steps) run through the
@@ -403,7 +453,7 @@ impl Llama {
         let attn = self.attention(index, &layer.self_attn, h, rotary, positions, cache)?;
         let x = x + attn;
         let h = layer.post_attention_layernorm.forward(x.clone());
-        Ok(x + layer.mlp.forward(h, self.skinny_rows))
+        Ok(x + layer.mlp.forward(h, self.products()))
     }
 
     /// One decode row through every layer, each a handful of launches: the normed q|k|v
@@ -492,10 +542,12 @@ impl Llama {
         if rows > 1 && head.quant.is_some() {
             // Prefill's logits: each row through the quantized head rather than a
             // transient f32 copy of it (the vocabulary is the largest matrix).
-            let out: Vec<Tensor<2>> = (0..rows).map(|r| head.forward_on(hidden.clone().narrow(0, r, 1), 1)).collect();
+            let out: Vec<Tensor<2>> = (0..rows)
+                .map(|r| head.forward_on(hidden.clone().narrow(0, r, 1), Products { skinny_rows: 1, tiled: false }))
+                .collect();
             return Tensor::cat(out, 0);
         }
-        head.forward_on(hidden, self.skinny_rows)
+        head.forward_on(hidden, self.products())
     }
 
     /// # Shapes
@@ -512,15 +564,19 @@ impl Llama {
         let [n, _] = x.dims();
         let (heads, kv_heads, d) = (attn.num_heads, attn.num_kv_heads, attn.head_dim);
         // [n, (heads + 2·kv_heads)·d] → [heads | kv_heads, n, d]
-        let qkv = attn.qkv_proj.forward_on(x, self.skinny_rows);
+        let qkv = attn.qkv_proj.forward_on(x, self.products());
         let split = |from: usize, h: usize| qkv.clone().narrow(1, from * d, h * d).reshape([n, h, d]).swap_dims(0, 1);
         let q_raw = split(0, heads);
         let q = rotary.apply(q_raw.clone());
         let k = rotary.apply(split(heads, kv_heads));
         let v = split(heads + kv_heads, kv_heads);
         cache.append(layer, k, v, positions)?;
-        let out = self.attend(layer, attn, q.clone(), positions, cache)?;
-        let out = attn.o_proj.forward_on(out, self.skinny_rows);
+        let want_sums = cache.wants_attention_sums(layer);
+        let (out, sums) = self.attend_with(layer, attn, q.clone(), positions, cache, want_sums)?;
+        if let Some(sums) = sums {
+            cache.offer_attention_sums(layer, sums)?;
+        }
+        let out = attn.o_proj.forward_on(out, self.products());
         cache.observe_queries(layer, &q, &q_raw)?;
         Ok(out)
     }
@@ -538,11 +594,25 @@ impl Llama {
         positions: &[u32],
         cache: &impl KvStore,
     ) -> Result<Tensor<2>> {
+        Ok(self.attend_with(layer, attn, q, positions, cache, false)?.0)
+    }
+
+    /// [`Llama::attend`], and with `want_sums` the attention each slot received, summed over
+    /// the queries (`[heads, slots]`; see [`KvStore::wants_attention_sums`]), from the same pass.
+    fn attend_with(
+        &self,
+        layer: usize,
+        attn: &Attention,
+        q: Tensor<3>,
+        positions: &[u32],
+        cache: &impl KvStore,
+        want_sums: bool,
+    ) -> Result<(Tensor<2>, Option<Tensor<2>>)> {
         let [_, n, _] = q.dims();
         let (heads, kv_heads, d) = (attn.num_heads, attn.num_kv_heads, attn.head_dim);
         let group = heads / kv_heads;
         let stored = cache.layer(layer)?;
-        if self.kernels && n == 1 {
+        if self.kernels && n == 1 && !want_sums {
             let qp = positions[0];
             let lens: Vec<u32> = stored.lens().iter().map(|&l| l as u32).collect();
             let all_visible = (0..kv_heads).all(|h| stored.head_positions(h).iter().all(|&p| p <= qp));
@@ -550,7 +620,7 @@ impl Llama {
                 // One query per head over each head's own length: the ragged decode kernel.
                 let q1 = q.clone().reshape([heads, d]);
                 if let Ok(out) = kvslice_kernels::decode_attention(&q1, keys, values, &lens, None) {
-                    return Ok(out.reshape([1, heads * d]));
+                    return Ok((out.reshape([1, heads * d]), None));
                 }
             }
         }
@@ -559,14 +629,18 @@ impl Llama {
         if !self.kernels
             && n >= HOST_ATTENTION_ROWS
             && host_attention_on()
-            && let Some(out) = host_attention(&q, stored, &visibility, group)?
+            && let Some((out, sums)) = host_attention(&q, stored, &visibility, group, want_sums)?
         {
-            return Ok(
-                Tensor::<1>::from_data(TensorData::new(out, [n * heads * d]), &self.device).reshape([n, heads * d])
-            );
+            let out =
+                Tensor::<1>::from_data(TensorData::new(out, [n * heads * d]), &self.device).reshape([n, heads * d]);
+            let len = stored.max_len();
+            let sums = sums
+                .map(|s| Tensor::<1>::from_data(TensorData::new(s, [heads * len]), &self.device).reshape([heads, len]));
+            return Ok((out, sums));
         }
         let (keys, values) = stored.view();
         let len = stored.max_len();
+        let mut sums = want_sums.then(|| Tensor::<2>::zeros([heads, len], &self.device));
 
         let scale = 1.0 / (d as f64).sqrt();
         let keys_t = keys.swap_dims(1, 2); // [kv_heads, d, len]
@@ -594,12 +668,21 @@ impl Llama {
                 Some(m) => scores + m.unsqueeze_dim::<4>(1),
             };
             let probs = softmax(scores, 3).reshape([kv_heads, group * rows, seen]);
+            if let Some(total) = sums.as_mut() {
+                let s = probs.clone().reshape([heads, rows, seen]).sum_dim(1).reshape([heads, seen]);
+                let s = if seen < len {
+                    Tensor::cat(vec![s, Tensor::zeros([heads, len - seen], &self.device)], 1)
+                } else {
+                    s
+                };
+                *total = total.clone() + s;
+            }
             let out = probs.matmul(vc).reshape([heads, rows, d]);
             outputs.push(out);
             start += rows;
         }
         let out = if outputs.len() == 1 { outputs.pop().unwrap() } else { Tensor::cat(outputs, 1) };
-        Ok(out.swap_dims(0, 1).reshape([n, heads * d]))
+        Ok((out.swap_dims(0, 1).reshape([n, heads * d]), sums))
     }
 }
 
@@ -626,16 +709,23 @@ pub fn host_attention_on() -> bool {
     std::env::var("KVSLICE_HOST_ATTENTION").map_or(true, |v| v != "off")
 }
 
+/// The host attention's output (`[n · heads · d]`) and the slots' attention sums
+/// (`[heads · len]`) when asked for.
+#[cfg(not(target_family = "wasm"))]
+type HostAttention = (Vec<f32>, Option<Vec<f32>>);
+
 /// The attention of `q` (`[heads, n, d]`, rotated) over `stored` on the host, `[n · heads · d]`
-/// (query-major), or `None` when the visibility is not a prefix per query.
+/// (query-major), with `want_sums` the attention each slot received (`[heads · len]`), or
+/// `None` when the visibility is not a prefix per query.
 #[cfg(not(target_family = "wasm"))]
 fn host_attention(
     q: &Tensor<3>,
     stored: &kvslice_cache::LayerKv,
     visibility: &Visibility<'_>,
     group: usize,
-) -> Result<Option<Vec<f32>>> {
-    use crate::flash::{Cutoffs, Shape, attention};
+    want_sums: bool,
+) -> Result<Option<HostAttention>> {
+    use crate::flash::{Cutoffs, Shape, attention, attention_with_sums};
     let cutoffs = match visibility {
         Visibility::All { .. } => Cutoffs::All,
         Visibility::Prefix { mask_heads, cutoffs, .. } => Cutoffs::Prefix { mask_heads: *mask_heads, cut: cutoffs },
@@ -650,7 +740,13 @@ fn host_attention(
     let shape = Shape { heads, kv_heads: heads / group, n, len, head_dim: d };
     let scale = (1.0 / (d as f64).sqrt()) as f32;
     let (q, k, v) = (read(q.clone())?, read(keys)?, read(values)?);
-    attention(&q, &k, &v, shape, cutoffs, scale, host_threads()).map(Some).map_err(ModelError::Input)
+    let threads = host_threads();
+    let out = if want_sums {
+        attention_with_sums(&q, &k, &v, shape, cutoffs, scale, threads).map(|(o, s)| (o, Some(s)))
+    } else {
+        attention(&q, &k, &v, shape, cutoffs, scale, threads).map(|o| (o, None))
+    };
+    out.map(Some).map_err(ModelError::Input)
 }
 
 /// Which cached slots the queries at `positions` see: slot `s` of head `h` is visible when it

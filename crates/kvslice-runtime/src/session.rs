@@ -503,6 +503,14 @@ impl<S: KvStore> KvStore for FailAt<S> {
     fn takes_chunks(&self) -> bool {
         self.inner.takes_chunks()
     }
+
+    fn wants_attention_sums(&self, layer: usize) -> bool {
+        self.inner.wants_attention_sums(layer)
+    }
+
+    fn offer_attention_sums(&mut self, layer: usize, sums: Tensor<2>) -> CacheResult<()> {
+        self.inner.offer_attention_sums(layer, sums)
+    }
 }
 
 /// Whether `prompt` tokens after `used` ones, then `new` generated ones (all but the last fed),

@@ -7,6 +7,7 @@ mod compact;
 mod conformance;
 mod decode;
 mod errors;
+mod gemm;
 mod linear;
 mod shaders;
 mod stats;

@@ -296,6 +296,9 @@ pub(crate) struct Recorder<'c> {
     pending: Vec<(Tensor<3>, Option<Tensor<3>>)>,
     /// The current layer's queries so far (those dropped from `pending` included).
     seen: usize,
+    /// The attention the model's pass gave each slot of the current layer so far, summed over
+    /// its queries (`[H, slots]`; H2O's accumulated attention), and that layer.
+    sums: Option<(usize, Tensor<2>)>,
 }
 
 impl<'c> Recorder<'c> {
@@ -310,6 +313,7 @@ impl<'c> Recorder<'c> {
             compute_seconds: 0.0,
             pending: Vec::new(),
             seen: 0,
+            sums: None,
         }
     }
 
@@ -328,7 +332,8 @@ impl<'c> Recorder<'c> {
     /// How many of a layer's last queries after RoPE its statistics read (all: `usize::MAX`).
     fn rotated_rows(&self, layer: usize) -> usize {
         let r = self.request;
-        if r.accumulated || !r.non_causal.is_empty() || r.counter_causal_layers.contains(&layer) {
+        // (the accumulated attention comes from the model's own pass: no queries for it)
+        if !r.non_causal.is_empty() || r.counter_causal_layers.contains(&layer) {
             return usize::MAX;
         }
         r.windows.iter().copied().max().unwrap_or(0).max(r.tail_queries).max(1)
@@ -408,8 +413,17 @@ impl KvStore for Recorder<'_> {
         let storage = stored.storage().filter(|_| stored.lens().iter().all(|&l| l == n));
         let counter_causal = self.request.counter_causal_layers.contains(&layer);
         let kv = Kv { keys: &keys, values: &values, storage };
+        let accumulated = match self.sums.take() {
+            Some((l, sums)) if l == layer && sums.dims() == [heads, n] => Some(sums),
+            _ if self.request.accumulated => {
+                return Err(kvslice_cache::CacheError::Eviction(format!(
+                    "layer {layer}: the attention's pass gave no accumulated attention"
+                )));
+            }
+            _ => None,
+        };
         // the automatic route falls back to Burn ops instead of failing
-        self.layers[layer] = compute(&rotated, &raw, kv, self.request, counter_causal, Route::Auto)
+        self.layers[layer] = compute(&rotated, &raw, kv, self.request, counter_causal, Route::Auto, accumulated)
             .map_err(|e| kvslice_cache::CacheError::Kernel(e.to_string()))?;
         self.compute_seconds += crate::host::now() - t0;
         Ok(())
@@ -417,6 +431,34 @@ impl KvStore for Recorder<'_> {
 
     fn takes_chunks(&self) -> bool {
         true
+    }
+
+    fn wants_attention_sums(&self, _layer: usize) -> bool {
+        self.request.accumulated
+    }
+
+    fn offer_attention_sums(&mut self, layer: usize, sums: Tensor<2>) -> kvslice_cache::Result<()> {
+        // a chunk's sums cover the slots filled so far: the earlier chunks' sums, over fewer
+        // slots, are padded with zeros and added
+        self.sums = Some(match self.sums.take() {
+            Some((l, before)) if l == layer => {
+                let [heads, slots] = sums.dims();
+                let had = before.dims()[1];
+                if had > slots {
+                    return Err(kvslice_cache::CacheError::Eviction(format!(
+                        "layer {layer}: attention sums over {slots} slots after {had}"
+                    )));
+                }
+                let before = if had < slots {
+                    Tensor::cat(vec![before, Tensor::zeros([heads, slots - had], &sums.device())], 1)
+                } else {
+                    before
+                };
+                (layer, before + sums)
+            }
+            _ => (layer, sums),
+        });
+        Ok(())
     }
 }
 
@@ -431,6 +473,8 @@ struct Kv<'a> {
 }
 
 /// Everything `request` asks of one layer, queued on the device.
+/// `accumulated`: H2O's accumulated attention where the model's pass gave it (computed here
+/// from `rotated`, every query of the prompt, otherwise).
 fn compute(
     rotated: &Tensor<3>,
     raw: &Tensor<3>,
@@ -438,6 +482,7 @@ fn compute(
     request: &StatsRequest,
     counter_causal: bool,
     route: Route,
+    accumulated: Option<Tensor<2>>,
 ) -> std::result::Result<LayerTensors, kvslice_kernels::KernelError> {
     let keys = kv.keys;
     let n = keys.dims()[1];
@@ -452,7 +497,7 @@ fn compute(
         .collect::<std::result::Result<_, _>>()?;
     Ok(LayerTensors {
         windows,
-        accumulated: request.accumulated.then(|| column_sums(rotated, keys, Direction::Causal)),
+        accumulated: accumulated.or_else(|| request.accumulated.then(|| column_sums(rotated, keys, Direction::Causal))),
         counter_causal: counter_causal.then(|| column_sums(rotated, keys, Direction::CounterCausal)),
         non_causal: request.non_causal.iter().map(|&spec| (spec, non_causal_sums(rotated, keys, spec))).collect(),
         moments: request.query_moments_skip.filter(|&s| s < n).map(|skip| moments(raw, skip)),
@@ -911,7 +956,7 @@ pub async fn layer_stats_via(
 ) -> Result<HostLayerStats> {
     let [heads, _, d] = rotated.dims();
     let kv = Kv { keys, values, storage: None };
-    let layer = compute(rotated, raw, kv, request, counter_causal, route)
+    let layer = compute(rotated, raw, kv, request, counter_causal, route, None)
         .map_err(|e| crate::error::RuntimeError::Device(format!("window-statistics kernel: {e}")))?;
     let obs = Observations {
         layers: vec![layer],
