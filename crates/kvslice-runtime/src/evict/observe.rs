@@ -1,7 +1,8 @@
 //! Statistics gathered while the prompt is prefilled: a [`KvStore`] wrapper that reads each
 //! layer's queries as the model offers them and computes, on the device, everything the
-//! requested policies need — window statistics per observation window, attention accumulated
-//! over all queries (H2O), counter-causal column sums, pre-RoPE query moments. Results stay on
+//! requested policies need — window statistics per observation window, counter-causal column
+//! sums, pre-RoPE query moments — and takes the attention accumulated over all queries (H2O)
+//! from the model's own attention pass ([`KvStore::offer_attention_sums`]). Results stay on
 //! the device until [`Observations::read`] brings them to the host as the policy crate's types.
 //!
 //! On wgpu the window statistics (mean, variance, last-query weight, entropy, value-norm,
