@@ -27,15 +27,7 @@ use crate::shader::{Family, GEMM_WG_X, GEMM_WG_Y};
 pub fn gemm(x: Tensor<2>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Result<Tensor<2>> {
     let [n, d_in] = x.dims();
     let [_, d_out] = weight.dims();
-    gpu::expect_shape("weight", &weight.dims(), &[d_in, usize::MAX])?;
-    if let Some(b) = bias.as_ref() {
-        gpu::expect_shape("bias", &b.dims(), &[d_out])?;
-    }
-    for (what, v) in [("rows of x", n), ("d_in", d_in), ("d_out", d_out)] {
-        if v == 0 {
-            return Err(KernelError::Empty { what });
-        }
-    }
+    crate::linear::check_product(&x, &weight, bias.as_ref())?;
     if !d_out.is_multiple_of(4) {
         return Err(KernelError::Shape {
             tensor: "weight",
@@ -43,9 +35,6 @@ pub fn gemm(x: Tensor<2>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Result<
             got: vec![d_in, d_out],
         });
     }
-    gpu::check_elements("x", &[n, d_in])?;
-    gpu::check_elements("weight", &[d_in, d_out])?;
-    gpu::check_elements("output", &[n, d_out])?;
 
     let cols = d_out / 4;
     let col_groups = div_ceil(cols, GEMM_WG_X);
@@ -55,19 +44,7 @@ pub fn gemm(x: Tensor<2>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Result<
     let groups_z = tiles.div_ceil(groups_y);
     gpu::check_groups("row workgroups", groups_z)?;
 
-    let xp = gpu::float_input("x", &x)?;
-    let wp = gpu::float_input("weight", &weight)?;
-    gpu::same_device(("x", &xp), ("weight", &wp))?;
-    let bp = match bias.as_ref() {
-        Some(b) => {
-            let p = gpu::float_input("bias", b)?;
-            gpu::same_device(("x", &xp), ("bias", &p))?;
-            Some(p)
-        }
-        None => None,
-    };
-
-    let (xp, wp, bp) = (gpu::ready(xp), gpu::ready(wp), bp.map(gpu::ready));
+    let (xp, wp, bp) = crate::linear::product_inputs(&x, &weight, bias.as_ref())?;
     let g = Gpu::new(&xp);
     let out = g.empty(&[n, d_out], DType::F32);
     let params = LinearParams {

@@ -6,6 +6,7 @@
 //! tiled matmul wins once `n` grows: on lavapipe the kernel is faster up to about 40 rows and
 //! slower from 64 (`docs/BENCHMARKS.md`, "Linear kernel"), so prefill should use the matmul.
 
+use burn::backend::wgpu::CubeTensor;
 use burn::tensor::{DType, Tensor};
 
 use crate::error::{KernelError, Result};
@@ -32,19 +33,7 @@ const FOUR_ROWS_FROM: usize = 3;
 pub fn linear(x: Tensor<2>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Result<Tensor<2>> {
     let [n, d_in] = x.dims();
     let [_, d_out] = weight.dims();
-    gpu::expect_shape("weight", &weight.dims(), &[d_in, usize::MAX])?;
-    if let Some(b) = bias.as_ref() {
-        gpu::expect_shape("bias", &b.dims(), &[d_out])?;
-    }
-    for (what, v) in [("rows of x", n), ("d_in", d_in), ("d_out", d_out)] {
-        if v == 0 {
-            return Err(KernelError::Empty { what });
-        }
-    }
-    gpu::check_elements("x", &[n, d_in])?;
-    gpu::check_elements("weight", &[d_in, d_out])?;
-    gpu::check_elements("output", &[n, d_out])?;
-
+    check_product(&x, &weight, bias.as_ref())?;
     let (family, lanes) = if d_out % 4 == 0 { (Family::Linear4, 4) } else { (Family::Linear, 1) };
     let cols = d_out / lanes;
     let col_groups = div_ceil(cols, LINEAR_WG);
@@ -55,19 +44,7 @@ pub fn linear(x: Tensor<2>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Resul
     let groups_z = blocks.div_ceil(groups_y);
     gpu::check_groups("row workgroups", groups_z)?;
 
-    let xp = gpu::float_input("x", &x)?;
-    let wp = gpu::float_input("weight", &weight)?;
-    gpu::same_device(("x", &xp), ("weight", &wp))?;
-    let bp = match bias.as_ref() {
-        Some(b) => {
-            let p = gpu::float_input("bias", b)?;
-            gpu::same_device(("x", &xp), ("bias", &p))?;
-            Some(p)
-        }
-        None => None,
-    };
-
-    let (xp, wp, bp) = (gpu::ready(xp), gpu::ready(wp), bp.map(gpu::ready));
+    let (xp, wp, bp) = product_inputs(&x, &weight, bias.as_ref())?;
     let g = Gpu::new(&xp);
     let out = g.empty(&[n, d_out], DType::F32);
     let params = LinearParams {
@@ -85,4 +62,44 @@ pub fn linear(x: Tensor<2>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Resul
         vec![params, bind(&xp), bind(&wp), bp.as_ref().map(bind).unwrap_or_else(|| g.dummy()), bind(&out)],
     );
     Ok(gpu::float_tensor(out))
+}
+
+/// The checks of `y = x·W + b` shared by the projection kernels ([`linear`],
+/// [`crate::gemm`]): `W` is `[d_in, d_out]` for `x: [n, d_in]`, `b` is `[d_out]`, no
+/// dimension is zero and every tensor stays within 32-bit indices.
+pub(crate) fn check_product(x: &Tensor<2>, weight: &Tensor<2>, bias: Option<&Tensor<1>>) -> Result<()> {
+    let [n, d_in] = x.dims();
+    let [_, d_out] = weight.dims();
+    gpu::expect_shape("weight", &weight.dims(), &[d_in, usize::MAX])?;
+    if let Some(b) = bias {
+        gpu::expect_shape("bias", &b.dims(), &[d_out])?;
+    }
+    for (what, v) in [("rows of x", n), ("d_in", d_in), ("d_out", d_out)] {
+        if v == 0 {
+            return Err(KernelError::Empty { what });
+        }
+    }
+    gpu::check_elements("x", &[n, d_in])?;
+    gpu::check_elements("weight", &[d_in, d_out])?;
+    gpu::check_elements("output", &[n, d_out])
+}
+
+/// The operands of a projection kernel as contiguous f32 buffers on one wgpu device.
+pub(crate) fn product_inputs(
+    x: &Tensor<2>,
+    weight: &Tensor<2>,
+    bias: Option<&Tensor<1>>,
+) -> Result<(CubeTensor, CubeTensor, Option<CubeTensor>)> {
+    let xp = gpu::float_input("x", x)?;
+    let wp = gpu::float_input("weight", weight)?;
+    gpu::same_device(("x", &xp), ("weight", &wp))?;
+    let bp = match bias {
+        Some(b) => {
+            let p = gpu::float_input("bias", b)?;
+            gpu::same_device(("x", &xp), ("bias", &p))?;
+            Some(p)
+        }
+        None => None,
+    };
+    Ok((gpu::ready(xp), gpu::ready(wp), bp.map(gpu::ready)))
 }

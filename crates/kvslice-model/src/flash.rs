@@ -113,26 +113,16 @@ fn attention_impl(
         let sums = job.blocks_with_sums(blocks, threads)?;
         return Ok((out, Some(sums)));
     }
-    if threads == 1 {
+    let queue = std::sync::Mutex::new(blocks);
+    on_workers((0..threads).collect(), "attention", |_| {
         let mut scratch = Scratch::new(heads / kv_heads, d);
-        for (b, dst) in blocks {
+        loop {
+            let next = queue.lock().map(|mut q| q.pop()).unwrap_or(None);
+            let Some((b, dst)) = next else { break };
             job.block(b * BLOCK_Q, dst, &mut scratch, None);
         }
-        return Ok((out, None));
-    }
-    let queue = std::sync::Mutex::new(blocks);
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            s.spawn(|| {
-                let mut scratch = Scratch::new(heads / kv_heads, d);
-                loop {
-                    let next = queue.lock().map(|mut q| q.pop()).unwrap_or(None);
-                    let Some((b, dst)) = next else { break };
-                    job.block(b * BLOCK_Q, dst, &mut scratch, None);
-                }
-            });
-        }
-    });
+    })?;
+    drop(queue);
     Ok((out, None))
 }
 
@@ -182,7 +172,6 @@ impl Scratch {
 }
 
 impl Job<'_> {
-    /// Queries `i0..i0 + dst.len() / row` of every head into `dst` (`[rows, heads · d]`).
     /// The blocks of `attention_with_sums`, in a fixed interleave across `threads` workers.
     fn blocks_with_sums(&self, blocks: Vec<(usize, &mut [f32])>, threads: usize) -> Result<Vec<f32>, String> {
         let Shape { heads, kv_heads, len, head_dim: d, .. } = self.shape;
@@ -190,7 +179,7 @@ impl Job<'_> {
         for (i, block) in blocks.into_iter().rev().enumerate() {
             lanes[i % threads].push(block);
         }
-        let run = |lane: Vec<(usize, &mut [f32])>| {
+        let parts = on_workers(lanes, "attention", |lane| {
             let mut sums = vec![0f32; heads * len];
             let mut scratch = Scratch::new(heads / kv_heads, d);
             let mut kept = Kept { p: Vec::new(), tile_max: Vec::new(), sums: &mut sums };
@@ -198,27 +187,12 @@ impl Job<'_> {
                 self.block(b * BLOCK_Q, dst, &mut scratch, Some(&mut kept));
             }
             sums
-        };
-        let parts: Vec<Vec<f32>> = if threads == 1 {
-            lanes.into_iter().map(run).collect()
-        } else {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = lanes.into_iter().map(|lane| s.spawn(move || run(lane))).collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().map_err(|_| "an attention worker panicked".to_string()))
-                    .collect::<Result<Vec<_>, String>>()
-            })?
-        };
-        let mut total = vec![0f32; heads * len];
-        for part in &parts {
-            for (t, &x) in total.iter_mut().zip(part) {
-                *t += x;
-            }
-        }
-        Ok(total)
+        })?;
+        Ok(add_in_order(&parts, heads * len))
     }
 
+    /// Queries `i0..i0 + dst.len() / row` of every head into `dst` (`[rows, heads · d]`), and
+    /// with `kept` their attention added into the slots' sums.
     fn block(&self, i0: usize, dst: &mut [f32], s: &mut Scratch, mut kept: Option<&mut Kept<'_>>) {
         let Shape { heads, kv_heads, n, len, head_dim: d } = self.shape;
         let group = heads / kv_heads;
@@ -355,32 +329,15 @@ pub fn column_sums(
     let blocks = n.div_ceil(BLOCK_Q);
     let threads = threads.clamp(1, blocks.max(1));
     let job = Job { q, k, v: k, shape, cutoffs: Cutoffs::All, scale };
-    let run = |w: usize| {
+    let parts = on_workers((0..threads).collect(), "column-sum", |w| {
         let mut sums = vec![0f32; heads * n];
         let mut scratch = Scratch::new(heads / kv_heads, d);
         for b in (w..blocks).step_by(threads) {
             job.column_block(b * BLOCK_Q, direction, &mut sums, &mut scratch);
         }
         sums
-    };
-    let parts: Vec<Vec<f32>> = if threads == 1 {
-        vec![run(0)]
-    } else {
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads).map(|w| s.spawn(move || run(w))).collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().map_err(|_| "a column-sum worker panicked".to_string()))
-                .collect::<Result<Vec<_>, String>>()
-        })?
-    };
-    let mut total = vec![0f32; heads * n];
-    for part in &parts {
-        for (t, &x) in total.iter_mut().zip(part) {
-            *t += x;
-        }
-    }
-    Ok(total)
+    })?;
+    Ok(add_in_order(&parts, heads * n))
 }
 
 impl Job<'_> {
@@ -587,6 +544,36 @@ fn online_softmax_any(tile: Tile<'_>, max_: &mut [f32], sum: &mut [f32], acc: &m
     }
 }
 
+/// `work` over each of `inputs` on a worker of its own (the caller's thread when there is one
+/// input), the results in the order of the inputs: a panicking worker is an error naming
+/// `what`, not a panic of the caller.
+pub(crate) fn on_workers<I: Send, T: Send>(
+    inputs: Vec<I>,
+    what: &str,
+    work: impl Fn(I) -> T + Sync,
+) -> Result<Vec<T>, String> {
+    if inputs.len() <= 1 {
+        return Ok(inputs.into_iter().map(work).collect());
+    }
+    let work = &work;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = inputs.into_iter().map(|input| s.spawn(move || work(input))).collect();
+        handles.into_iter().map(|h| h.join().map_err(|_| format!("a {what} worker panicked"))).collect()
+    })
+}
+
+/// The element-wise sum of equal-length `parts`, added in their order (so that the result does
+/// not depend on which worker finished first).
+fn add_in_order(parts: &[Vec<f32>], len: usize) -> Vec<f32> {
+    let mut total = vec![0f32; len];
+    for part in parts {
+        for (t, &x) in total.iter_mut().zip(part) {
+            *t += x;
+        }
+    }
+    total
+}
+
 /// The largest value (lane-wise, so that it vectorises).
 #[inline(always)]
 pub(crate) fn max(xs: &[f32]) -> f32 {
@@ -722,11 +709,11 @@ pub(crate) fn gemm_f32(dst: Mat<'_>, accumulate: bool, lhs: MatRef<'_>, rhs: Mat
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A seeded value in [-1, 1).
-    fn noise(seed: u64, i: usize) -> f32 {
+    pub(crate) fn noise(seed: u64, i: usize) -> f32 {
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (i as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         x ^= x >> 31;
         x = x.wrapping_mul(0x94D0_49BB_1331_11EB);

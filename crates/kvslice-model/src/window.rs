@@ -72,20 +72,8 @@ pub fn window_stats(
         let mut scratch = Scratch::new(&job);
         (worker..heads).step_by(threads).map(|h| (h, job.head(h, &mut scratch))).collect::<Vec<_>>()
     };
-    let parts: Vec<(usize, Head)> = if threads == 1 {
-        run(0)
-    } else {
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads).map(|worker| s.spawn(move || run(worker))).collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().map_err(|_| "a window-statistics worker panicked".to_string()))
-                .collect::<Result<Vec<_>, String>>()
-        })?
-        .into_iter()
-        .flatten()
-        .collect()
-    };
+    let parts: Vec<(usize, Head)> =
+        crate::flash::on_workers((0..threads).collect(), "window-statistics", run)?.into_iter().flatten().collect();
     let table = |on: bool| on.then(|| vec![0f32; heads * len]);
     let mut out = Stats {
         mean: vec![0.0; heads * len],
@@ -339,15 +327,7 @@ impl Job<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A seeded value in [-1, 1).
-    fn noise(seed: u64, i: usize) -> f32 {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (i as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        x ^= x >> 31;
-        x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
-        x ^= x >> 29;
-        (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
+    use crate::flash::tests::noise;
 
     fn seeded(seed: u64, n: usize, amplitude: f32) -> Vec<f32> {
         (0..n).map(|i| amplitude * noise(seed, i)).collect()

@@ -102,3 +102,25 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f64], rtol: f64, atol: f64)
 pub fn gpu_config(cases: u32) -> proptest::test_runner::Config {
     proptest::test_runner::Config { cases, max_shrink_iters: 16, failure_persistence: None, ..Default::default() }
 }
+
+pub fn f1(data: Vec<f32>, dev: &Device) -> Tensor<1> {
+    let n = data.len();
+    Tensor::from_data(TensorData::new(data, [n]), dev)
+}
+
+/// Checks a projection `y = x·W + b` (`[n, d_out]`) against the CPU twin:
+/// `|got − want| ≤ 1e-5·(|b_j| + Σ_k |x_ik·w_kj|) + 1e-7`, relative to the magnitude of the
+/// terms summed (f32 accumulation over `d_in` terms; the twin sums in f64).
+pub fn check_product(tag: &str, got: &[f32], x: &[f32], w: &[f32], b: Option<&[f32]>, dims: (usize, usize, usize)) {
+    let (n, d_in, d_out) = dims;
+    let abs = |v: &[f32]| v.iter().map(|x| x.abs()).collect::<Vec<f32>>();
+    let want = kvslice_kernels::cpu::linear(x, w, b, n, d_in, d_out);
+    let b_abs = b.map(abs);
+    let mag = kvslice_kernels::cpu::linear(&abs(x), &abs(w), b_abs.as_deref(), n, d_in, d_out);
+    assert_eq!(got.len(), want.len(), "{tag}: length");
+    for (i, ((&g, &r), &m)) in got.iter().zip(&want).zip(&mag).enumerate() {
+        let err = (f64::from(g) - r).abs();
+        let bound = 1e-5 * m + 1e-7;
+        assert!(err <= bound, "{tag}: y[{}, {}] = {g}, want {r}, |err| {err:e} > {bound:e}", i / d_out, i % d_out);
+    }
+}

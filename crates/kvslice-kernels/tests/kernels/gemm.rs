@@ -5,19 +5,10 @@
 //! or repeated step of the tiling (16 terms) breaks the bound by orders of magnitude.
 
 use burn::tensor::{Device, Tensor, TensorData};
-use kvslice_kernels::{KernelError, cpu, gemm};
+use kvslice_kernels::{KernelError, gemm};
 use proptest::prelude::*;
 
-use crate::common::{Rng, device, f2, read};
-
-fn f1(data: Vec<f32>, dev: &Device) -> Tensor<1> {
-    let n = data.len();
-    Tensor::from_data(TensorData::new(data, [n]), dev)
-}
-
-fn abs(v: &[f32]) -> Vec<f32> {
-    v.iter().map(|x| x.abs()).collect()
-}
+use crate::common::{Rng, check_product, device, f1, f2, read};
 
 fn run_case(n: usize, d_in: usize, d_out: usize, with_bias: bool, seed: u64) {
     let dev = device();
@@ -28,21 +19,7 @@ fn run_case(n: usize, d_in: usize, d_out: usize, with_bias: bool, seed: u64) {
     let out = gemm(f2(x.clone(), [n, d_in], &dev), f2(w.clone(), [d_in, d_out], &dev), b.clone().map(|b| f1(b, &dev)))
         .expect("valid shapes");
     assert_eq!(out.dims(), [n, d_out]);
-    let got = read(out);
-    let want = cpu::linear(&x, &w, b.as_deref(), n, d_in, d_out);
-    let b_abs = b.as_deref().map(abs);
-    let mag = cpu::linear(&abs(&x), &abs(&w), b_abs.as_deref(), n, d_in, d_out);
-    assert_eq!(got.len(), want.len());
-    for (i, ((&g, &r), &m)) in got.iter().zip(&want).zip(&mag).enumerate() {
-        let err = (f64::from(g) - r).abs();
-        let bound = 1e-5 * m + 1e-7;
-        assert!(
-            err <= bound,
-            "n {n} d_in {d_in} d_out {d_out}: y[{}, {}] = {g}, want {r}, |err| {err:e} > {bound:e}",
-            i / d_out,
-            i % d_out
-        );
-    }
+    check_product(&format!("n {n} d_in {d_in} d_out {d_out}"), &read(out), &x, &w, b.as_deref(), (n, d_in, d_out));
 }
 
 proptest! {
@@ -101,10 +78,7 @@ fn views_are_read_as_their_logical_layout() {
     let w_view = f2(wt, [d_out, d_in], &dev).transpose();
     let x_big = f2([rng.vec(d_in, 1.0), x.clone()].concat(), [n + 1, d_in], &dev);
     let out = gemm(x_big.slice([1..n + 1, 0..d_in]), w_view, None).unwrap();
-    let want = cpu::linear(&x, &w, None, n, d_in, d_out);
-    let got = read(out);
-    let worst = got.iter().zip(&want).map(|(&g, &r)| (f64::from(g) - r).abs()).fold(0.0, f64::max);
-    assert!(worst < 1e-4, "views: worst error {worst:e}");
+    check_product("views", &read(out), &x, &w, None, (n, d_in, d_out));
 }
 
 #[test]

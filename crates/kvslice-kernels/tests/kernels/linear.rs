@@ -5,32 +5,10 @@
 //! Dropping or repeating one term of the sum breaks the bound by orders of magnitude.
 
 use burn::tensor::{Device, Tensor, TensorData};
-use kvslice_kernels::{KernelError, cpu, linear};
+use kvslice_kernels::{KernelError, linear};
 use proptest::prelude::*;
 
-use crate::common::{Rng, device, f2, read};
-
-fn f1(data: Vec<f32>, dev: &Device) -> Tensor<1> {
-    let n = data.len();
-    Tensor::from_data(TensorData::new(data, [n]), dev)
-}
-
-fn abs(v: &[f32]) -> Vec<f32> {
-    v.iter().map(|x| x.abs()).collect()
-}
-
-/// Checks `got` against the twin with the bound stated at the top of the file.
-fn check(tag: &str, got: &[f32], x: &[f32], w: &[f32], b: Option<&[f32]>, (n, d_in, d_out): (usize, usize, usize)) {
-    let want = cpu::linear(x, w, b, n, d_in, d_out);
-    let b_abs = b.map(abs);
-    let mag = cpu::linear(&abs(x), &abs(w), b_abs.as_deref(), n, d_in, d_out);
-    assert_eq!(got.len(), want.len(), "{tag}: length");
-    for (i, ((&g, &r), &m)) in got.iter().zip(&want).zip(&mag).enumerate() {
-        let err = (f64::from(g) - r).abs();
-        let bound = 1e-5 * m + 1e-7;
-        assert!(err <= bound, "{tag}: y[{}, {}] = {g}, want {r}, |err| {err:e} > {bound:e}", i / d_out, i % d_out);
-    }
-}
+use crate::common::{Rng, check_product as check, device, f1, f2, read};
 
 fn run_case(n: usize, d_in: usize, d_out: usize, with_bias: bool, seed: u64) {
     let dev = device();

@@ -43,7 +43,7 @@ pub(crate) struct CascadeStore<'p> {
     /// The layer the scratch is filling, and the last queries of its chunks so far (after
     /// RoPE, `[H, m, d]` each: what the window and the decode-time tail read).
     filling: Option<usize>,
-    pending: Vec<Tensor<3>>,
+    pending: super::observe::ChunkQueries,
 }
 
 fn err(e: impl std::fmt::Display) -> CacheError {
@@ -80,7 +80,7 @@ impl<'p> CascadeStore<'p> {
             spent: 0.0,
             len,
             filling: None,
-            pending: Vec::new(),
+            pending: Default::default(),
         })
     }
 
@@ -120,7 +120,7 @@ impl KvStore for CascadeStore<'_> {
         // a layer's first chunk starts the scratch over; its later chunks append to it
         if self.filling != Some(layer) {
             self.scratch.clear();
-            self.pending.clear();
+            self.pending = Default::default();
             self.filling = Some(layer);
         }
         self.scratch.append(0, keys, values, positions)
@@ -145,16 +145,12 @@ impl KvStore for CascadeStore<'_> {
         } else {
             // a chunk: the layer is compressed once its last chunk is in; only the queries the
             // window and the tail read are kept
-            self.pending.push(rotated.clone());
-            let keep = self.window.max(self.tail).max(1);
-            while self.pending.len() > 1 && self.pending[1..].iter().map(|q| q.dims()[1]).sum::<usize>() >= keep {
-                self.pending.remove(0);
-            }
+            self.pending.push(rotated, None, self.window.max(self.tail).max(1));
             if full.max_len() < self.len {
                 self.spent += now() - t0;
                 return Ok(());
             }
-            Tensor::cat(std::mem::take(&mut self.pending), 1)
+            std::mem::take(&mut self.pending).take().0
         };
         // the request has no query moments: the pre-RoPE queries are not read
         let _ = raw;

@@ -292,11 +292,8 @@ pub(crate) struct Recorder<'c> {
     /// The prompt's length: a layer is complete when its cache holds this many entries.
     pub len: usize,
     pub compute_seconds: f64,
-    /// The current layer's chunks so far: queries after RoPE and, where the moments read them,
-    /// before (each `[H, m, d]`).
-    pending: Vec<(Tensor<3>, Option<Tensor<3>>)>,
-    /// The current layer's queries so far (those dropped from `pending` included).
-    seen: usize,
+    /// The current layer's queries, chunk by chunk.
+    pending: ChunkQueries,
     /// The attention the model's pass gave each slot of the current layer so far, summed over
     /// its queries (`[H, slots]`; H2O's accumulated attention), and that layer.
     sums: Option<(usize, Tensor<2>)>,
@@ -312,8 +309,7 @@ impl<'c> Recorder<'c> {
             heads: 0,
             len,
             compute_seconds: 0.0,
-            pending: Vec::new(),
-            seen: 0,
+            pending: ChunkQueries::default(),
             sums: None,
         }
     }
@@ -370,37 +366,22 @@ impl KvStore for Recorder<'_> {
             let moments = self.request.query_moments_skip.is_some();
             if n == m {
                 // the layer's first chunk
-                self.pending.clear();
-                self.seen = 0;
+                self.pending = ChunkQueries::default();
             }
-            self.seen += m;
-            if self.seen != n {
+            self.pending.push(rotated, moments.then_some(raw), keep);
+            if self.pending.seen() != n {
                 return Err(kvslice_cache::CacheError::Eviction(format!(
                     "layer {layer}: {} queries for {n} cached entries (chunks out of order?)",
-                    self.seen
+                    self.pending.seen()
                 )));
             }
-            let mut kept = std::mem::take(&mut self.pending);
-            kept.push((rotated.clone(), moments.then(|| raw.clone())));
             if n < self.len {
-                // older rows that no statistic reads are dropped as chunks arrive
-                let rows = kept.iter().map(|(q, _)| q.dims()[1]).collect::<Vec<_>>();
-                let mut later = 0;
-                for i in (0..kept.len()).rev() {
-                    let spare = later >= keep && !moments;
-                    later += rows[i];
-                    if spare {
-                        kept.remove(i);
-                    }
-                }
-                self.pending = kept;
                 self.compute_seconds += crate::host::now() - t0;
                 return Ok(());
             }
+            let (rotated, kept_raw) = std::mem::take(&mut self.pending).take();
             // (without the moments the pre-RoPE queries are not read: the last chunk's stand in)
-            let rotated = Tensor::cat(kept.iter().map(|(q, _)| q.clone()).collect(), 1);
-            let raw =
-                if moments { Tensor::cat(kept.into_iter().filter_map(|(_, r)| r).collect(), 1) } else { raw.clone() };
+            let raw = kept_raw.unwrap_or_else(|| raw.clone());
             (rotated, raw)
         };
         if n != self.len {
@@ -460,6 +441,43 @@ impl KvStore for Recorder<'_> {
             _ => (layer, sums),
         });
         Ok(())
+    }
+}
+
+/// One layer's queries as its chunks arrive (after RoPE, and before it where asked for), keeping
+/// of the rotated ones only the chunks that hold the last `keep` rows (all of them while the
+/// pre-RoPE queries are kept: the moments read every query).
+#[derive(Default)]
+pub(crate) struct ChunkQueries {
+    rotated: Vec<Tensor<3>>,
+    raw: Vec<Tensor<3>>,
+    seen: usize,
+}
+
+impl ChunkQueries {
+    /// Adds a chunk (`[H, m, d]` each), then drops the chunks no longer among the last `keep`
+    /// rows.
+    pub fn push(&mut self, rotated: &Tensor<3>, raw: Option<&Tensor<3>>, keep: usize) {
+        self.seen += rotated.dims()[1];
+        self.rotated.push(rotated.clone());
+        self.raw.extend(raw.cloned());
+        while self.raw.is_empty()
+            && self.rotated.len() > 1
+            && self.rotated[1..].iter().map(|q| q.dims()[1]).sum::<usize>() >= keep
+        {
+            self.rotated.remove(0);
+        }
+    }
+
+    /// Queries pushed so far, those dropped included.
+    pub fn seen(&self) -> usize {
+        self.seen
+    }
+
+    /// The kept queries, joined: `[H, rows, d]` after RoPE, and before it when kept.
+    pub fn take(self) -> (Tensor<3>, Option<Tensor<3>>) {
+        let raw = (!self.raw.is_empty()).then(|| Tensor::cat(self.raw, 1));
+        (Tensor::cat(self.rotated, 1), raw)
     }
 }
 
