@@ -919,3 +919,143 @@ fn accumulated_attention_from_the_prefill_matches_the_reference_cpu() {
 fn accumulated_attention_from_the_prefill_matches_the_reference_wgpu() {
     accumulated_attention_from_the_prefill_matches_the_reference(wgpu());
 }
+
+/// DistillCache's traces: for a text of 100 tokens and a context of 60, an entry's utility is
+/// the attention the 40 later queries of its KV head's group put on it, worked out from a plain
+/// forward's queries and keys by the policy crate's reference (the window statistics' mean over
+/// the last 40 queries, times 40); its features are those of the context's cached entries.
+fn traces_hold_the_attention_entries_receive_later(device: Device) {
+    let model = tiny(&device);
+    let ids = prompt(100);
+    let c = &model.config;
+    let (t, ctx) = (ids.len(), 60);
+    let geometry = kvslice_cache::CacheGeometry {
+        layers: c.num_layers,
+        kv_heads: c.num_kv_heads,
+        head_dim: c.head_dim,
+        capacity: t,
+    };
+    let positions: Vec<u32> = (0..t as u32).collect();
+    let mut plain =
+        QueryRecorder { cache: kvslice_cache::KvCache::new(geometry, &device).unwrap(), queries: Vec::new() };
+    model.forward(&ids, &positions, &mut plain).unwrap();
+    let lists = pollster::block_on(kvslice_runtime::traces::record(&model, &ids, ctx)).unwrap();
+    assert_eq!((lists.len(), lists[0].len()), (c.num_layers, c.num_kv_heads));
+    let dims = Dims { heads: c.num_heads, kv_heads: c.num_kv_heads, len: t, head_dim: c.head_dim };
+    let group = c.num_heads / c.num_kv_heads;
+    let d = c.head_dim;
+    for (l, q) in plain.queries.iter().enumerate() {
+        let (k, v) = kvslice_cache::KvStore::layer(&plain.cache, l).unwrap().view();
+        let read = |x: Tensor<3>| x.into_data().try_to_vec::<f32>().unwrap();
+        let (k, v) = (read(k), read(v));
+        let stats = reference::window_stats(dims, q, &k, &v, t - ctx).unwrap();
+        // the context's keys and values: the first 60 slots of each head
+        let narrow = |x: &[f32]| {
+            (0..c.num_kv_heads).flat_map(|h| x[h * t * d..(h * t + ctx) * d].to_vec()).collect::<Vec<f32>>()
+        };
+        let (kc, vc) = (narrow(&k), narrow(&v));
+        let view = kvslice_policy::KvView {
+            kv_heads: c.num_kv_heads,
+            len: ctx,
+            head_dim: d,
+            keys: Some(&kc),
+            values: Some(&vc),
+        };
+        assert_eq!(lists[l].len(), c.num_kv_heads);
+        for (h, list) in lists[l].iter().enumerate() {
+            let want: Vec<f32> = (0..ctx)
+                .map(|j| (h * group..(h + 1) * group).map(|qh| stats.mean[qh * t + j] * (t - ctx) as f32).sum())
+                .collect();
+            // a difference of two sums over the prefix queries: absolute errors of the sums' size
+            let scale = want.iter().copied().fold(0f32, f32::max);
+            for (j, (a, b)) in list.utility.iter().zip(&want).enumerate() {
+                assert!((a - b).abs() <= 1e-4 * scale + 1e-4 * b.abs(), "layer {l} head {h} utility[{j}]: {a} vs {b}");
+            }
+            let features = kvslice_policy::scorer::distill::head_features(&view, &kc, &vc, h);
+            close(&format!("layer {l} head {h} features"), &list.features, &features);
+        }
+    }
+    assert!(
+        pollster::block_on(kvslice_runtime::traces::record(&model, &ids, 100)).is_err(),
+        "no text after the context"
+    );
+}
+
+#[test]
+fn traces_hold_the_attention_entries_receive_later_cpu() {
+    traces_hold_the_attention_entries_receive_later(cpu());
+}
+
+#[test]
+fn traces_hold_the_attention_entries_receive_later_wgpu() {
+    traces_hold_the_attention_entries_receive_later(wgpu());
+}
+
+/// `distillcache:weights=FILE` with networks trained on the tiny model's own traces: each
+/// layer's heads keep the 4 sinks and the entries their layer's networks score highest, the
+/// scores worked out from a plain forward's cache.
+fn distillcache_keeps_what_its_networks_rank_first(device: Device) {
+    let model = tiny(&device);
+    let c = &model.config;
+    let text = prompt(160);
+    let lists = pollster::block_on(kvslice_runtime::traces::record(&model, &text[..140], 100)).unwrap();
+    let lists: Vec<Vec<_>> = lists.iter().map(|l| l.iter().map(|x| vec![x.without_sinks(4)]).collect()).collect();
+    let config = kvslice_policy::learn::TrainConfig { hidden: 4, steps: 10, ..Default::default() };
+    let weights = kvslice_policy::learn::train(&lists, c.head_dim, &config, 1).unwrap();
+    let path = std::env::temp_dir().join(format!(
+        "kvslice-distill-{}-{:?}.safetensors",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::write(&path, weights.to_safetensors().unwrap()).unwrap();
+    let ids = prompt(90);
+    let comp = compression(&model, &format!("distillcache:weights={}", path.display()), "20");
+    let (_, tokens, report) = generate(&model, &ids, &greedy(4), &comp).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(tokens.len(), 4);
+    let geometry = kvslice_cache::CacheGeometry {
+        layers: c.num_layers,
+        kv_heads: c.num_kv_heads,
+        head_dim: c.head_dim,
+        capacity: ids.len(),
+    };
+    let positions: Vec<u32> = (0..ids.len() as u32).collect();
+    let mut plain =
+        QueryRecorder { cache: kvslice_cache::KvCache::new(geometry, &device).unwrap(), queries: Vec::new() };
+    model.forward(&ids, &positions, &mut plain).unwrap();
+    let mut differ = false;
+    for (l, kept) in report.kept.iter().enumerate() {
+        let (k, v) = kvslice_cache::KvStore::layer(&plain.cache, l).unwrap().view();
+        let read = |x: Tensor<3>| x.into_data().try_to_vec::<f32>().unwrap();
+        let (k, v) = (read(k), read(v));
+        let view = kvslice_policy::KvView {
+            kv_heads: c.num_kv_heads,
+            len: ids.len(),
+            head_dim: c.head_dim,
+            keys: Some(&k),
+            values: Some(&v),
+        };
+        assert_eq!(kept.len(), c.num_kv_heads);
+        for (h, kept) in kept.iter().enumerate() {
+            let x = kvslice_policy::scorer::distill::head_features(&view, &k, &v, h);
+            let scores = weights.head(l, h).score(&x);
+            let protect = kvslice_policy::Protect { sinks: 4, recent: 0 };
+            let want = kvslice_policy::select_top_k(&scores, 20, protect).unwrap();
+            assert_eq!(kept, &want, "layer {l} head {h}");
+            // another layer's network would keep other entries
+            let other = weights.head((l + 1) % c.num_layers, h).score(&x);
+            differ |= kvslice_policy::select_top_k(&other, 20, protect).unwrap() != want;
+        }
+    }
+    assert!(differ, "the layers' networks rank differently");
+}
+
+#[test]
+fn distillcache_keeps_what_its_networks_rank_first_cpu() {
+    distillcache_keeps_what_its_networks_rank_first(cpu());
+}
+
+#[test]
+fn distillcache_keeps_what_its_networks_rank_first_wgpu() {
+    distillcache_keeps_what_its_networks_rank_first(wgpu());
+}

@@ -7,6 +7,7 @@ mod eval;
 mod fetch;
 mod ppl;
 mod progress;
+mod train;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -183,6 +184,9 @@ enum Command {
     /// Perplexity of a long text decoded token by token with each policy's cache (and the full
     /// cache), per span of positions.
     Ppl(ppl::PplArgs),
+    /// Train DistillCache's per-head eviction networks on traces recorded from public-domain
+    /// text (none of it in the evaluation suites) and write their weights.
+    TrainPolicy(train::TrainArgs),
     /// Work on `kvslice eval` reports.
     #[command(subcommand)]
     Report(ReportCommand),
@@ -326,6 +330,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench(args) => bench::run(args, cli.verbose),
         Command::Serve(args) => serve(args, cli.verbose),
         Command::Ppl(args) => ppl::run(args, cli.verbose),
+        Command::TrainPolicy(args) => train::run(args, cli.verbose),
         Command::Report(ReportCommand::Merge { reports, out }) => {
             let mut merged = kvslice_eval::Report::default();
             for path in &reports {

@@ -19,6 +19,7 @@ pub mod budget;
 pub mod decode;
 pub mod error;
 pub mod ladder;
+pub mod learn;
 pub mod options;
 pub mod pool;
 pub mod reference;

@@ -45,6 +45,8 @@ pub enum OptionKind {
     Bool,
     /// One of the listed words.
     Choice(&'static [&'static str]),
+    /// Any non-empty text without a comma (a file's path, a named set of built-in weights).
+    Text,
 }
 
 impl OptionKind {
@@ -55,6 +57,7 @@ impl OptionKind {
             OptionKind::Float { min, max } => format!("{min}..={max}"),
             OptionKind::Bool => "true|false".to_string(),
             OptionKind::Choice(c) => c.join("|"),
+            OptionKind::Text => "text".to_string(),
         }
     }
 
@@ -64,6 +67,7 @@ impl OptionKind {
             OptionKind::Float { .. } => "a number",
             OptionKind::Bool => "a boolean",
             OptionKind::Choice(_) => "a choice",
+            OptionKind::Text => "text",
         }
     }
 
@@ -104,6 +108,10 @@ impl OptionKind {
                 .find(|&&c| c == text)
                 .map(|&c| Value::Choice(c))
                 .ok_or_else(|| format!("{text:?} is not one of {}", choices.join("|"))),
+            OptionKind::Text if text.is_empty() || text.contains(',') => {
+                Err(format!("{text:?}: text must be non-empty and hold no comma"))
+            }
+            OptionKind::Text => Ok(Value::Text(text.to_string())),
         }
     }
 }
@@ -116,13 +124,14 @@ impl fmt::Display for OptionSpec {
 }
 
 /// A validated value.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 enum Value {
     Int(i64),
     /// The number as f64 and as the f32 nearest the written decimal.
     Float(f64, f32),
     Bool(bool),
     Choice(&'static str),
+    Text(String),
 }
 
 impl fmt::Display for Value {
@@ -132,6 +141,7 @@ impl fmt::Display for Value {
             Value::Float(v, _) => write!(f, "{v}"),
             Value::Bool(v) => write!(f, "{v}"),
             Value::Choice(v) => f.write_str(v),
+            Value::Text(v) => f.write_str(v),
         }
     }
 }
@@ -208,7 +218,7 @@ impl Options {
             .find(|s| s.name == name)
             .ok_or_else(|| self.invalid(name, format!("{} declares no option {name}", self.policy)))?;
         if let Some((_, v)) = self.given.iter().find(|(n, _)| *n == name) {
-            return Ok((spec.kind, *v));
+            return Ok((spec.kind, v.clone()));
         }
         let v = spec
             .kind
@@ -264,6 +274,14 @@ impl Options {
         match self.value(name)? {
             (_, Value::Choice(v)) => Ok(v),
             (k, _) => Err(self.mismatch(name, k, "a choice")),
+        }
+    }
+
+    /// A text option.
+    pub fn get_text(&self, name: &str) -> Result<String> {
+        match self.value(name)? {
+            (_, Value::Text(v)) => Ok(v),
+            (k, _) => Err(self.mismatch(name, k, "text")),
         }
     }
 }

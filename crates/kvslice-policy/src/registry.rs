@@ -14,9 +14,9 @@ use crate::options::{OptionKind, OptionSpec, Options, PolicySpec};
 use crate::pool::Pooling;
 use crate::scorer::simlayer::{Laziness, SimLayer, SimLayerBudget};
 use crate::scorer::{
-    AnDPro, Block, CakeIndicator, ChunkKv, Compactor, CounterCausal, CriticalKv, Cur, ExpectedAttention, Finch, H2o,
-    Inertia, Jacap, KeyDiff, Knorm, Kvzip, LagKv, Leverage, LeverageScore, NonCausalAttn, Random, Refresh, Rope,
-    Scorer, SnapKv, Span, StreamingLlm, Temporal, Tova, TwinKv, TwinRepair,
+    AnDPro, Block, CakeIndicator, ChunkKv, Compactor, CounterCausal, CriticalKv, Cur, DistillCache, ExpectedAttention,
+    Finch, H2o, Inertia, Jacap, KeyDiff, Knorm, Kvzip, LagKv, Leverage, LeverageScore, NonCausalAttn, Random, Refresh,
+    Rope, Scorer, SnapKv, Span, StreamingLlm, Temporal, Tova, TwinKv, TwinRepair,
 };
 use crate::select::Protect;
 use crate::stats::{GroupReduce, KvView, Needs, QueryMoments, ScoreInput, Scores, WindowStats};
@@ -60,12 +60,20 @@ pub struct LayerInput<'a> {
     pub query_moments: Option<&'a QueryMoments>,
     /// `[H, n]` output-projected value norms, when the policy needs them.
     pub value_proj_l1: Option<&'a [f32]>,
+    /// The layer's index in the model ([`Policy::plan`] sets it from the layer's place in its
+    /// slice).
+    pub layer: usize,
 }
 
 impl<'a> LayerInput<'a> {
-    /// A layer with window statistics only.
+    /// Layer 0 with window statistics only (see [`LayerInput::at`]).
     pub fn new(stats: &'a WindowStats) -> Self {
-        LayerInput { stats, kv: None, query_moments: None, value_proj_l1: None }
+        LayerInput { stats, kv: None, query_moments: None, value_proj_l1: None, layer: 0 }
+    }
+
+    /// The same input for layer `layer`.
+    pub fn at(self, layer: usize) -> Self {
+        LayerInput { layer, ..self }
     }
 }
 
@@ -172,6 +180,7 @@ impl Policy {
                     query_moments: layer.query_moments,
                     value_proj_l1: layer.value_proj_l1,
                     budget,
+                    layer: layer.layer,
                 };
                 scorer.score(&input).map(Some)
             }
@@ -192,7 +201,8 @@ impl Policy {
             Policy::Scored { allocator, repair, .. } => {
                 let scores = layers
                     .iter()
-                    .map(|l| Ok(self.score_layer(l, budget.per_layer)?.expect("scored policy")))
+                    .enumerate()
+                    .map(|(i, l)| Ok(self.score_layer(&l.at(i), budget.per_layer)?.expect("scored policy")))
                     .collect::<Result<Vec<_>>>()?;
                 let ls: Vec<LayerScores<'_>> =
                     layers.iter().zip(&scores).map(|(l, s)| LayerScores { stats: l.stats, scores: s }).collect();
@@ -939,6 +949,21 @@ static REGISTRY: &[Entry] = &[
         },
     },
     Entry {
+        name: "distillcache",
+        paper: "learned eviction as in Learning to Evict from Key-Value Cache (KV Policy, arXiv:2602.10238): per-head networks trained offline on traces (kvslice train-policy)",
+        summary: "learned: a small network per layer and KV head ranks each entry, from its key and value, by the attention it will receive",
+        options: || {
+            vec![OptionSpec {
+                name: "weights",
+                default: crate::scorer::distill::BUILTIN,
+                help: "the networks: smollm2-135m (built in, trained for SmolLM2-135M) or a safetensors file from kvslice train-policy",
+                kind: OptionKind::Text,
+            }]
+        },
+        scored: true,
+        build: |o, _| scored(DistillCache::load(&o.get_text("weights")?)?, Uniform, DecodeSpec::Grow),
+    },
+    Entry {
         name: "lacache",
         paper: "Shi et al. 2025, LaCache: Ladder-Shaped KV Caching for Efficient Long-Context Modeling (arXiv:2507.14204)",
         summary: "ladder of positions across layers (span 16, overlap 0, 4 sinks), iterative compaction",
@@ -1143,6 +1168,7 @@ mod tests {
             ("chunkkv", old(ChunkKv::new(Box::new(SnapKv::default()), 20).unwrap(), Uniform, None)),
             ("lagkv", old(LagKv::default(), Uniform, None)),
             ("cur", old(Cur::default(), Uniform, None)),
+            ("distillcache", old(DistillCache::load("smollm2-135m").unwrap(), Uniform, None)),
             ("lacache", format!("{:?}", Ladder::default())),
         ];
         assert_eq!(expected.len(), registry().len());

@@ -375,12 +375,14 @@ pub struct ScoreInput<'a> {
     /// Tokens each KV head of this layer will keep (scorers whose ranking depends on it, such as
     /// CriticalKV's two stages, read it; the others ignore it).
     pub budget: usize,
+    /// The layer's index in the model (scorers with per-layer parameters, DistillCache, read it).
+    pub layer: usize,
 }
 
 impl<'a> ScoreInput<'a> {
-    /// An input with window statistics only.
+    /// An input with window statistics only, for layer 0.
     pub fn new(stats: &'a WindowStats, budget: usize) -> Self {
-        ScoreInput { stats, kv: None, query_moments: None, value_proj_l1: None, budget }
+        ScoreInput { stats, kv: None, query_moments: None, value_proj_l1: None, budget, layer: 0 }
     }
 
     pub(crate) fn keys(&self, method: &'static str) -> Result<(KvView<'a>, &'a [f32])> {

@@ -17,8 +17,37 @@ fn every_registered_policy_plans_valid_kept_sets() {
     let mut p = Peers::load();
     let model = ModelInfo { head_dim: p.head_dim, rope_theta: 10_000.0 };
     assert!(registry().len() >= 15);
+    // DistillCache's built-in networks are SmolLM2's: these tensors get networks of their own
+    // geometry (initial weights over each head's own features)
+    let distill = {
+        use kvslice_policy::learn::{TraceList, init};
+        use kvslice_policy::scorer::distill::{DistillWeights, feature_count, head_features};
+        let f = feature_count(p.head_dim);
+        let heads = (0..p.layers * p.kv_heads)
+            .map(|i| {
+                let (l, h) = (i / p.kv_heads, i % p.kv_heads);
+                let kv = KvView {
+                    kv_heads: p.kv_heads,
+                    len: p.len,
+                    head_dim: p.head_dim,
+                    keys: Some(&p.keys[l]),
+                    values: Some(&p.values[l]),
+                };
+                let features = head_features(&kv, &p.keys[l], &p.values[l], h);
+                init(&[TraceList { features, utility: vec![1.0; p.len] }], f, 4, i as u64)
+            })
+            .collect();
+        let w = DistillWeights { layers: p.layers, kv_heads: p.kv_heads, head_dim: p.head_dim, hidden: 4, heads };
+        let path = std::env::temp_dir().join(format!("kvslice-conformance-distill-{}.safetensors", std::process::id()));
+        std::fs::write(&path, w.to_safetensors().unwrap()).unwrap();
+        path
+    };
     for entry in registry() {
-        let policy = entry.build(&model).unwrap();
+        let policy = if entry.name == "distillcache" {
+            kvslice_policy::build(&format!("distillcache:weights={}", distill.display()), &model).unwrap()
+        } else {
+            entry.build(&model).unwrap()
+        };
         let needs = policy.needs();
         let window = needs.window.max(1);
         let stats: Vec<_> = (0..p.layers)
@@ -57,6 +86,7 @@ fn every_registered_policy_plans_valid_kept_sets() {
                 }),
                 query_moments: Some(&moments[l]),
                 value_proj_l1: Some(&proj[l]),
+                layer: l,
             })
             .collect();
         for spec in ["50%", "96L", "100", "200"] {

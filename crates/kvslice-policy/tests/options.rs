@@ -249,6 +249,14 @@ fn every_default_is_accepted_and_every_bound_is_enforced() {
                     }
                     assert!(!ok("nope") && !ok(""));
                 }
+                OptionKind::Text => {
+                    // a file that is not there, or holds something else, is refused when built
+                    for bad in ["/nonexistent/weights.safetensors", "Cargo.toml"] {
+                        let given = e.parse_options(&pairs(&[(o.name, bad)])).unwrap();
+                        assert!(e.build_with(&given, &MODEL).is_err(), "{} {}={bad}", e.name, o.name);
+                    }
+                    assert!(!ok("a,b"));
+                }
             }
         }
         // the error for an unknown option lists every option with its default and range

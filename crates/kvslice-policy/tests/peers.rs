@@ -71,6 +71,7 @@ fn score_layers(p: &mut Peers, scorer: &dyn Scorer, window: usize, budget: usize
             query_moments: Some(&moments),
             value_proj_l1: Some(&proj),
             budget,
+            layer: l,
         };
         scores.push(scorer.score(&input).unwrap());
         layers.push(Layer { stats });

@@ -21,6 +21,7 @@ pub mod sampling;
 pub mod session;
 #[cfg(test)]
 mod testing;
+pub mod traces;
 
 pub use burn::tensor::Device;
 #[cfg(not(target_family = "wasm"))]

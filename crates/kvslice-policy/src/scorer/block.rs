@@ -122,7 +122,14 @@ impl Scorer for Block {
                 entropy: vec![0.0; s.heads],
                 ..WindowStats::default()
             };
-            let sub = ScoreInput { stats: &stats, kv: Some(view), query_moments: None, value_proj_l1: None, budget: k };
+            let sub = ScoreInput {
+                stats: &stats,
+                kv: Some(view),
+                query_moments: None,
+                value_proj_l1: None,
+                budget: k,
+                layer: input.layer,
+            };
             let scores = self.inner.score(&sub)?;
             for h in 0..heads {
                 let keep = select_top_k(scores.row(h), k, protect)?;

@@ -162,7 +162,7 @@ impl KvStore for CascadeStore<'_> {
         let ws = stats.window(self.window).ok_or_else(|| err("no window statistics"))?;
         let scores = self
             .policy
-            .score_layer(&LayerInput::new(ws), self.per_layer)
+            .score_layer(&LayerInput::new(ws).at(layer), self.per_layer)
             .map_err(err)?
             .ok_or_else(|| err("not a scored policy"))?;
         let budgets = self.cascade.push(ws).to_vec();

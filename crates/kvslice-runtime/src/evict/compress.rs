@@ -237,6 +237,7 @@ impl Compression {
                     }),
                     query_moments: stats[l].moments.as_ref(),
                     value_proj_l1: proj_l1[l].as_deref(),
+                    layer: l,
                 }
             })
             .collect();
@@ -250,7 +251,7 @@ impl Compression {
         let mut out = Vec::with_capacity(plan.kept.len());
         for (l, kept) in plan.kept.iter().enumerate() {
             let w = stats[l].window(needs.window).ok_or_else(|| RuntimeError::Options("missing statistics".into()))?;
-            let input = LayerInput::new(w);
+            let input = LayerInput::new(w).at(l);
             let scores = self
                 .policy
                 .score_layer(&input, plan.budget.per_layer)

@@ -197,6 +197,7 @@ impl Recompressor {
                 }),
                 query_moments: None,
                 value_proj_l1: proj_l1.as_deref(),
+                layer: l,
             };
             let scores = self
                 .policy
