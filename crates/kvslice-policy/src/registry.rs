@@ -421,6 +421,15 @@ fn span(inner: impl Scorer + 'static, o: &Options) -> Result<Span> {
     Span::with(Box::new(inner), o.get_usize("before")?, o.get_usize("span")?)
 }
 
+fn distill_options() -> Vec<OptionSpec> {
+    vec![OptionSpec {
+        name: "weights",
+        default: crate::scorer::distill::BUILTIN,
+        help: "the networks: smollm2-135m (built in, trained for SmolLM2-135M) or a safetensors file from kvslice train-policy",
+        kind: OptionKind::Text,
+    }]
+}
+
 fn adakv(o: &Options) -> Result<AdaKv> {
     let mode = match o.get_str("mode")? {
         "original" => AdaMode::Original,
@@ -952,16 +961,21 @@ static REGISTRY: &[Entry] = &[
         name: "distillcache",
         paper: "learned eviction as in Learning to Evict from Key-Value Cache (KV Policy, arXiv:2602.10238): per-head networks trained offline on traces (kvslice train-policy)",
         summary: "learned: a small network per layer and KV head ranks each entry, from its key and value, by the attention it will receive",
-        options: || {
-            vec![OptionSpec {
-                name: "weights",
-                default: crate::scorer::distill::BUILTIN,
-                help: "the networks: smollm2-135m (built in, trained for SmolLM2-135M) or a safetensors file from kvslice train-policy",
-                kind: OptionKind::Text,
-            }]
-        },
+        options: distill_options,
         scored: true,
         build: |o, _| scored(DistillCache::load(&o.get_text("weights")?)?, Uniform, DecodeSpec::Grow),
+    },
+    Entry {
+        name: "distillcache-span",
+        paper: "DistillCache (learned eviction, arXiv:2602.10238) with whole spans kept: each token scores the best learned score of the 12 before it (kvslice)",
+        summary: "the learned score dilated over spans, as snapkv-span does for SnapKV: an entry the networks rank high keeps the 12 tokens after it",
+        options: || {
+            let mut o = distill_options();
+            o.extend(span_options());
+            o
+        },
+        scored: true,
+        build: |o, _| scored(span(DistillCache::load(&o.get_text("weights")?)?, o)?, Uniform, DecodeSpec::Grow),
     },
     Entry {
         name: "lacache",
@@ -1169,6 +1183,7 @@ mod tests {
             ("lagkv", old(LagKv::default(), Uniform, None)),
             ("cur", old(Cur::default(), Uniform, None)),
             ("distillcache", old(DistillCache::load("smollm2-135m").unwrap(), Uniform, None)),
+            ("distillcache-span", old(Span::new(Box::new(DistillCache::load("smollm2-135m").unwrap())), Uniform, None)),
             ("lacache", format!("{:?}", Ladder::default())),
         ];
         assert_eq!(expected.len(), registry().len());

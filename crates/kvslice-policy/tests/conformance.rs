@@ -43,8 +43,8 @@ fn every_registered_policy_plans_valid_kept_sets() {
         path
     };
     for entry in registry() {
-        let policy = if entry.name == "distillcache" {
-            kvslice_policy::build(&format!("distillcache:weights={}", distill.display()), &model).unwrap()
+        let policy = if entry.name.starts_with("distillcache") {
+            kvslice_policy::build(&format!("{}:weights={}", entry.name, distill.display()), &model).unwrap()
         } else {
             entry.build(&model).unwrap()
         };

@@ -201,6 +201,8 @@ fn every_entry_declares_the_decode_rule_the_runtime_used_by_name() {
         ("chunkkv", DecodeRule::Grow),
         ("lagkv", DecodeRule::Grow),
         ("cur", DecodeRule::Grow),
+        ("distillcache", DecodeRule::Grow),
+        ("distillcache-span", DecodeRule::Grow),
         ("lacache", DecodeRule::Ladder(Ladder::new(16, 0, 4).unwrap())),
     ];
     assert_eq!(registry().iter().map(|e| e.name).collect::<Vec<_>>(), expected.iter().map(|e| e.0).collect::<Vec<_>>());
