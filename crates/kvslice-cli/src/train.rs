@@ -14,9 +14,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use kvslice_policy::learn::{self, TraceList, TrainConfig, kept_utility};
-use kvslice_policy::scorer::distill::{DistillWeights, SCALARS, SINK_FLAG, feature_count};
-use kvslice_policy::scorer::random::splitmix64;
+use kvslice_runtime::policies::distill::{DistillWeights, SCALARS, SINK_FLAG, feature_count};
+use kvslice_runtime::policies::learn::{self, TraceList, TrainConfig, kept_utility};
+use kvslice_runtime::policies::splitmix64;
 use serde_json::json;
 
 use crate::ModelArgs;

@@ -47,6 +47,10 @@ pub use session::{Prefilled, Session};
 
 /// The eviction policies: the registry the CLI lists and the options each declares.
 pub mod policies {
+    /// DistillCache's networks and their training ([`crate::traces`] records the traces).
+    pub use kvslice_policy::learn;
+    pub use kvslice_policy::scorer::distill;
+    pub use kvslice_policy::scorer::random::splitmix64;
     pub use kvslice_policy::{
         BudgetSpec, DecodeRule, DecodeSpec, Entry, ModelInfo, OptionKind, OptionSpec, Policy, PolicySpec, build_spec,
         listing, listing_verbose, lookup, registry,
