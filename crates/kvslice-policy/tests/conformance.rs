@@ -146,6 +146,7 @@ fn every_registered_policy_plans_valid_kept_sets() {
             assert!(policy.plan(&only, &"50%".parse().unwrap()).is_err(), "{} without its inputs", entry.name);
         }
     }
+    std::fs::remove_file(&distill).unwrap();
 }
 
 /// Ada-KV's exact-sum rounding (the default) against the reference code's rounding: a
