@@ -606,6 +606,31 @@ struct QueryRecorder {
     queries: Vec<Vec<f32>>,
 }
 
+impl QueryRecorder {
+    /// A plain forward pass of `ids` from position 0 over a fresh cache of their length.
+    fn forward(model: &Llama, ids: &[u32], device: &Device) -> Self {
+        let c = &model.config;
+        let geometry = kvslice_cache::CacheGeometry {
+            layers: c.num_layers,
+            kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            capacity: ids.len(),
+        };
+        let positions: Vec<u32> = (0..ids.len() as u32).collect();
+        let mut plain =
+            QueryRecorder { cache: kvslice_cache::KvCache::new(geometry, device).unwrap(), queries: Vec::new() };
+        model.forward(ids, &positions, &mut plain).unwrap();
+        plain
+    }
+
+    /// Layer `l`'s cached keys and values, `[H_kv, n, d]` each, on the host.
+    fn host_kv(&self, l: usize) -> (Vec<f32>, Vec<f32>) {
+        let (k, v) = kvslice_cache::KvStore::layer(&self.cache, l).unwrap().view();
+        let read = |x: Tensor<3>| x.into_data().try_to_vec::<f32>().unwrap();
+        (read(k), read(v))
+    }
+}
+
 impl kvslice_cache::KvStore for QueryRecorder {
     fn append(&mut self, layer: usize, k: Tensor<3>, v: Tensor<3>, positions: &[u32]) -> kvslice_cache::Result<()> {
         self.cache.append(layer, k, v, positions)
@@ -888,23 +913,13 @@ fn accumulated_attention_from_the_prefill_matches_the_reference(device: Device) 
     let ids = prompt(100);
     let c = &model.config;
     let dims = Dims { heads: c.num_heads, kv_heads: c.num_kv_heads, len: ids.len(), head_dim: c.head_dim };
-    let geometry = kvslice_cache::CacheGeometry {
-        layers: c.num_layers,
-        kv_heads: c.num_kv_heads,
-        head_dim: c.head_dim,
-        capacity: ids.len(),
-    };
-    let positions: Vec<u32> = (0..ids.len() as u32).collect();
-    let mut plain =
-        QueryRecorder { cache: kvslice_cache::KvCache::new(geometry, &device).unwrap(), queries: Vec::new() };
-    model.forward(&ids, &positions, &mut plain).unwrap();
+    let plain = QueryRecorder::forward(&model, &ids, &device);
     model.set_prefill_chunk(24);
     let request = StatsRequest { accumulated: true, ..StatsRequest::default() };
     let prefilled = pollster::block_on(Session::prefill_for(&model, &ids, &request)).unwrap();
     for (l, q) in plain.queries.iter().enumerate() {
-        let (k, v) = kvslice_cache::KvStore::layer(&plain.cache, l).unwrap().view();
-        let read = |t: Tensor<3>| t.into_data().try_to_vec::<f32>().unwrap();
-        let want = reference::window_stats(dims, q, &read(k), &read(v), 1).unwrap();
+        let (k, v) = plain.host_kv(l);
+        let want = reference::window_stats(dims, q, &k, &v, 1).unwrap();
         let got = prefilled.stats[l].window(0).unwrap().accumulated.as_ref().unwrap();
         close(&format!("layer {l} accumulated"), got, want.accumulated.as_ref().unwrap());
     }
@@ -929,25 +944,14 @@ fn traces_hold_the_attention_entries_receive_later(device: Device) {
     let ids = prompt(100);
     let c = &model.config;
     let (t, ctx) = (ids.len(), 60);
-    let geometry = kvslice_cache::CacheGeometry {
-        layers: c.num_layers,
-        kv_heads: c.num_kv_heads,
-        head_dim: c.head_dim,
-        capacity: t,
-    };
-    let positions: Vec<u32> = (0..t as u32).collect();
-    let mut plain =
-        QueryRecorder { cache: kvslice_cache::KvCache::new(geometry, &device).unwrap(), queries: Vec::new() };
-    model.forward(&ids, &positions, &mut plain).unwrap();
+    let plain = QueryRecorder::forward(&model, &ids, &device);
     let lists = pollster::block_on(kvslice_runtime::traces::record(&model, &ids, ctx)).unwrap();
     assert_eq!((lists.len(), lists[0].len()), (c.num_layers, c.num_kv_heads));
     let dims = Dims { heads: c.num_heads, kv_heads: c.num_kv_heads, len: t, head_dim: c.head_dim };
     let group = c.num_heads / c.num_kv_heads;
     let d = c.head_dim;
     for (l, q) in plain.queries.iter().enumerate() {
-        let (k, v) = kvslice_cache::KvStore::layer(&plain.cache, l).unwrap().view();
-        let read = |x: Tensor<3>| x.into_data().try_to_vec::<f32>().unwrap();
-        let (k, v) = (read(k), read(v));
+        let (k, v) = plain.host_kv(l);
         let stats = reference::window_stats(dims, q, &k, &v, t - ctx).unwrap();
         // the context's keys and values: the first 60 slots of each head
         let narrow = |x: &[f32]| {
@@ -1013,21 +1017,10 @@ fn distillcache_keeps_what_its_networks_rank_first(device: Device) {
     let (_, tokens, report) = generate(&model, &ids, &greedy(4), &comp).unwrap();
     std::fs::remove_file(&path).unwrap();
     assert_eq!(tokens.len(), 4);
-    let geometry = kvslice_cache::CacheGeometry {
-        layers: c.num_layers,
-        kv_heads: c.num_kv_heads,
-        head_dim: c.head_dim,
-        capacity: ids.len(),
-    };
-    let positions: Vec<u32> = (0..ids.len() as u32).collect();
-    let mut plain =
-        QueryRecorder { cache: kvslice_cache::KvCache::new(geometry, &device).unwrap(), queries: Vec::new() };
-    model.forward(&ids, &positions, &mut plain).unwrap();
+    let plain = QueryRecorder::forward(&model, &ids, &device);
     let mut differ = false;
     for (l, kept) in report.kept.iter().enumerate() {
-        let (k, v) = kvslice_cache::KvStore::layer(&plain.cache, l).unwrap().view();
-        let read = |x: Tensor<3>| x.into_data().try_to_vec::<f32>().unwrap();
-        let (k, v) = (read(k), read(v));
+        let (k, v) = plain.host_kv(l);
         let view = kvslice_policy::KvView {
             kv_heads: c.num_kv_heads,
             len: ids.len(),

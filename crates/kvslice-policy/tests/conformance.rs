@@ -8,8 +8,8 @@ use common::{Peers, jaccard_distance};
 use kvslice_policy::alloc::{AdaKv, AdaMode, Uniform};
 use kvslice_policy::reference::{non_causal_sums_over, reconstruction_scores};
 use kvslice_policy::{
-    BudgetSpec, GroupReduce, KvView, LayerInput, ModelInfo, NonCausalTable, Policy, Pooling, Protect, ScoreInput,
-    Scorer, SnapKv, registry, select_heads,
+    BudgetSpec, GroupReduce, LayerInput, ModelInfo, NonCausalTable, Policy, Pooling, Protect, ScoreInput, Scorer,
+    SnapKv, registry, select_heads,
 };
 
 #[test]
@@ -26,14 +26,7 @@ fn every_registered_policy_plans_valid_kept_sets() {
         let heads = (0..p.layers * p.kv_heads)
             .map(|i| {
                 let (l, h) = (i / p.kv_heads, i % p.kv_heads);
-                let kv = KvView {
-                    kv_heads: p.kv_heads,
-                    len: p.len,
-                    head_dim: p.head_dim,
-                    keys: Some(&p.keys[l]),
-                    values: Some(&p.values[l]),
-                };
-                let features = head_features(&kv, &p.keys[l], &p.values[l], h);
+                let features = head_features(&p.kv(l), &p.keys[l], &p.values[l], h);
                 init(&[TraceList { features, utility: vec![1.0; p.len] }], f, 4, i as u64)
             })
             .collect();
@@ -77,13 +70,7 @@ fn every_registered_policy_plans_valid_kept_sets() {
         let layers: Vec<LayerInput<'_>> = (0..p.layers)
             .map(|l| LayerInput {
                 stats: &stats[l],
-                kv: Some(KvView {
-                    kv_heads: p.kv_heads,
-                    len: p.len,
-                    head_dim: p.head_dim,
-                    keys: Some(&p.keys[l]),
-                    values: Some(&p.values[l]),
-                }),
+                kv: Some(p.kv(l)),
                 query_moments: Some(&moments[l]),
                 value_proj_l1: Some(&proj[l]),
                 layer: l,

@@ -58,13 +58,7 @@ fn score_layers(p: &mut Peers, scorer: &dyn Scorer, window: usize, budget: usize
         let stats = p.stats(l, window);
         let moments = p.moments(l, 4);
         let proj = p.value_proj_l1(l);
-        let kv = KvView {
-            kv_heads: p.kv_heads,
-            len: p.len,
-            head_dim: p.head_dim,
-            keys: Some(&p.keys[l]),
-            values: Some(&p.values[l]),
-        };
+        let kv = p.kv(l);
         let input = ScoreInput {
             stats: &stats,
             kv: Some(kv),
@@ -172,13 +166,7 @@ fn ours(p: &mut Peers, case: &Value, tie_scores: &mut Option<Vec<Scores>>) -> Ke
                     let b = theirs[l][0].len();
                     assert!(b == chunks * c || b == (chunks - 1) * c + n % c, "{}: {b} tokens", case["name"]);
                     let stats = p.stats(l, window);
-                    let kv = KvView {
-                        kv_heads: p.kv_heads,
-                        len: n,
-                        head_dim: p.head_dim,
-                        keys: Some(&p.keys[l]),
-                        values: Some(&p.values[l]),
-                    };
+                    let kv = p.kv(l);
                     let input = ScoreInput { kv: Some(kv), ..ScoreInput::new(&stats, b) };
                     let s = scorer.score(&input).unwrap();
                     select_heads(&s, &vec![b; p.kv_heads], scorer.protect(b)).unwrap()
@@ -321,13 +309,7 @@ fn ours(p: &mut Peers, case: &Value, tie_scores: &mut Option<Vec<Scores>>) -> Ke
                         spec: NonCausalSpec::whole(chunk),
                         sums: non_causal_sums(p.dims(), &p.q_rot[l], &p.keys[l], chunk).unwrap(),
                     }];
-                    let kv = KvView {
-                        kv_heads: p.kv_heads,
-                        len: n,
-                        head_dim: p.head_dim,
-                        keys: None,
-                        values: Some(&p.values[l]),
-                    };
+                    let kv = KvView { keys: None, ..p.kv(l) };
                     scorer.score(&ScoreInput { kv: Some(kv), ..ScoreInput::new(&stats, b) }).unwrap()
                 })
                 .collect();
@@ -353,13 +335,7 @@ fn ours(p: &mut Peers, case: &Value, tie_scores: &mut Option<Vec<Scores>>) -> Ke
                     let spec = scorer.spec();
                     let sums = non_causal_sums_over(p.dims(), &p.q_rot[l], &p.keys[l], spec).unwrap();
                     stats.non_causal = vec![NonCausalTable { spec, sums }];
-                    let kv = KvView {
-                        kv_heads: p.kv_heads,
-                        len: n,
-                        head_dim: p.head_dim,
-                        keys: Some(&p.keys[l]),
-                        values: Some(&p.values[l]),
-                    };
+                    let kv = p.kv(l);
                     let phi: Vec<f32> = p.leverage_sketch[l].iter().map(|&z| z * scale).collect();
                     scorer.score_with(&ScoreInput { kv: Some(kv), ..ScoreInput::new(&stats, b) }, &phi).unwrap()
                 })

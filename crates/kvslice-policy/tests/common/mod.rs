@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use kvslice_policy::reference::{self, Dims};
-use kvslice_policy::{QueryMoments, Rope, WindowStats};
+use kvslice_policy::{KvView, QueryMoments, Rope, WindowStats};
 
 pub fn data_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join("data")
@@ -118,6 +118,17 @@ impl Peers {
             .entry((layer, window))
             .or_insert_with(|| reference::window_stats(dims, q, k, v, window).unwrap())
             .clone()
+    }
+
+    /// The cached keys and values of `layer`.
+    pub fn kv(&self, layer: usize) -> KvView<'_> {
+        KvView {
+            kv_heads: self.kv_heads,
+            len: self.len,
+            head_dim: self.head_dim,
+            keys: Some(&self.keys[layer]),
+            values: Some(&self.values[layer]),
+        }
     }
 
     pub fn moments(&self, layer: usize, skip: usize) -> QueryMoments {
