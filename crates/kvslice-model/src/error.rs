@@ -15,6 +15,9 @@ pub enum ModelError {
     Input(String),
     #[error("prompt of {tokens} tokens does not fit the context of {context}")]
     ContextOverflow { tokens: usize, context: usize },
+    /// A low-rank keys file or its calibration ([`crate::lowrank`]).
+    #[error("low-rank keys: {0}")]
+    LowRank(String),
     #[error(transparent)]
     Format(#[from] kvslice_formats::FormatError),
     #[error(transparent)]

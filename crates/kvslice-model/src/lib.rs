@@ -9,6 +9,7 @@ pub mod error;
 #[cfg(not(target_family = "wasm"))]
 pub mod flash;
 pub mod load;
+pub mod lowrank;
 pub mod model;
 pub mod progress;
 pub mod rope;

@@ -237,6 +237,9 @@ pub struct Llama {
     /// Prompts run in passes of at most this many tokens where the cache takes chunks (0:
     /// one pass).
     prefill_chunk: usize,
+    /// Per layer, the latent dimensions of the low-rank keys folded in
+    /// ([`Llama::set_low_rank_keys`]).
+    low_rank_keys: Option<Vec<usize>>,
 }
 
 /// The default [`Llama::set_prefill_chunk`]: activations stay bounded by 512 rows whatever the
@@ -272,7 +275,62 @@ impl Llama {
             fused_decode,
             tiled_products,
             prefill_chunk,
+            low_rank_keys: None,
         })
+    }
+
+    /// Makes every layer's keys the reconstruction of their low-rank latents: the key
+    /// projection `W_k` (and its bias) becomes `W_k P` with `P` the layer's projection onto its
+    /// groups' subspaces ([`LowRankKeys::projector`]), so each key is `(x W_{k,g} U_g) U_gᵀ`
+    /// and RoPE rotates the reconstruction, as the latent method computes it. A projection kept
+    /// in quantized blocks becomes f32. The keys must fit this model's geometry; nothing
+    /// changes on an error.
+    ///
+    /// [`LowRankKeys::projector`]: crate::lowrank::LowRankKeys::projector
+    pub fn set_low_rank_keys(&mut self, keys: &crate::lowrank::LowRankKeys) -> Result<()> {
+        let c = &self.config;
+        keys.validate()?;
+        if keys.layers.len() != c.num_layers || keys.kv_heads != c.num_kv_heads || keys.head_dim != c.head_dim {
+            return Err(ModelError::LowRank(format!(
+                "made for {} layers of {} KV heads × {}, the model has {} × {} × {}",
+                keys.layers.len(),
+                keys.kv_heads,
+                keys.head_dim,
+                c.num_layers,
+                c.num_kv_heads,
+                c.head_dim
+            )));
+        }
+        if self.low_rank_keys.is_some() {
+            return Err(ModelError::LowRank("the model's keys are low-rank already".into()));
+        }
+        let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let mut folded = Vec::with_capacity(c.num_layers);
+        for (l, layer) in self.weights.layers.iter().enumerate() {
+            let p = keys.projector(l)?;
+            let p = Tensor::<1>::from_data(TensorData::new(p, [kv * kv]), &self.device).reshape([kv, kv]);
+            let proj = &layer.self_attn.qkv_proj;
+            let w = proj.weight()?;
+            let wk = w.clone().narrow(1, q, kv).matmul(p.clone());
+            let weight = Tensor::cat(vec![w.clone().narrow(1, 0, q), wk, w.narrow(1, q + kv, kv)], 1);
+            let bias = proj.bias.as_ref().map(|b| {
+                let b = b.val();
+                let bk = b.clone().narrow(0, q, kv).reshape([1, kv]).matmul(p).reshape([kv]);
+                Param::from_tensor(Tensor::cat(vec![b.clone().narrow(0, 0, q), bk, b.narrow(0, q + kv, kv)], 0))
+            });
+            folded.push(Linear::dense(Param::from_tensor(weight), bias));
+        }
+        for (layer, proj) in self.weights.layers.iter_mut().zip(folded) {
+            layer.self_attn.qkv_proj = proj;
+        }
+        self.low_rank_keys = Some((0..c.num_layers).map(|l| keys.latent_width(l)).collect());
+        Ok(())
+    }
+
+    /// Per layer, the latent dimensions a token's keys span when low-rank keys are set (against
+    /// `num_kv_heads · head_dim` without).
+    pub fn low_rank_keys(&self) -> Option<&[usize]> {
+        self.low_rank_keys.as_deref()
     }
 
     /// Prompts of more than `tokens` tokens run as passes of `tokens` (0: one pass), each

@@ -7,6 +7,7 @@
 //! ([`conformance`]). The one generation loop is [`Generator`], over the step primitive
 //! [`Session::step`].
 
+pub mod calibrate;
 pub mod device;
 pub mod error;
 pub mod evict;
@@ -38,6 +39,7 @@ pub use kvslice_kernels::conformance;
 /// Kernel launches counted as they are submitted (`kvslice bench`'s dispatches per token).
 pub use kvslice_kernels::dispatch;
 pub use kvslice_model::Llama;
+pub use kvslice_model::lowrank;
 pub use kvslice_model::model::PREFILL_CHUNK;
 pub use kvslice_model::progress;
 pub use loading::LoadedModel;

@@ -1,0 +1,811 @@
+//! Low-rank keys with KV heads grouped by the similarity of their keys (ReCalKV, arXiv
+//! 2505.24357: heads reordered by Centered Kernel Alignment, then a grouped SVD of the key
+//! projection; Palu, arXiv 2407.21118, for the grouped low-rank decomposition).
+//!
+//! Calibration sees a layer's pre-RoPE keys `K = X W_k (+ b)` on public-domain text, all KV
+//! heads side by side (`[n, kv_heads · head_dim]`), through their second moments only
+//! ([`KeyMoments`]: the sum and the Gram matrix `KᵀK`, so any amount of text costs the same
+//! memory). From them:
+//! - **CKA** between heads `i` and `j` (linear kernel, Kornblith et al. 2019):
+//!   `‖K̄ⱼᵀ K̄ᵢ‖²_F / (‖K̄ᵢᵀ K̄ᵢ‖_F ‖K̄ⱼᵀ K̄ⱼ‖_F)` with `K̄` the keys centred over the tokens;
+//! - **groups**: average-linkage agglomeration of the heads on CKA, at most `max_group` heads a
+//!   group, until `⌈kv_heads / max_group⌉` groups remain (or no merge fits);
+//! - **bases**: per group the leading eigenvectors `U_g` of its keys' second moment — the
+//!   data-aware SVD of `K_g = X W_{k,g}`: `K_g U_g U_gᵀ` is the best rank-`r_g` approximation
+//!   of the calibration keys (Eckart–Young), its squared error the sum of the dropped
+//!   eigenvalues;
+//! - **ranks**: a layer's rank budget goes to the groups' largest eigenvalues first (every
+//!   group at least one), which minimises the layer's total squared error.
+//!
+//! A group's latent is `c = x W_{k,g} U_g` (`r_g` numbers per token for the whole group) and its
+//! keys are `c U_gᵀ`, rotated by RoPE after the reconstruction.
+
+use crate::error::{ModelError, Result};
+
+/// The `format` metadata of a low-rank keys file.
+pub const FORMAT: &str = "kvslice-lowrank";
+/// The `version` metadata of a low-rank keys file.
+pub const VERSION: &str = "1";
+/// Files larger than this are refused before they are parsed.
+pub const MAX_FILE_BYTES: usize = 256 << 20;
+
+fn bad(reason: impl Into<String>) -> ModelError {
+    ModelError::LowRank(reason.into())
+}
+
+/// Sum and Gram matrix of one layer's pre-RoPE keys, every KV head side by side (f64).
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeyMoments {
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Rows added.
+    pub count: u64,
+    /// `[width]`, `width = kv_heads · head_dim`.
+    pub sum: Vec<f64>,
+    /// `[width, width]` row-major, `Σ k kᵀ`.
+    pub gram: Vec<f64>,
+}
+
+impl KeyMoments {
+    pub fn new(kv_heads: usize, head_dim: usize) -> Self {
+        let w = kv_heads * head_dim;
+        KeyMoments { kv_heads, head_dim, count: 0, sum: vec![0.0; w], gram: vec![0.0; w * w] }
+    }
+
+    /// Columns of a row: `kv_heads · head_dim`.
+    pub fn width(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// Adds rows `[n, width]` (row-major); a length that is not a whole number of rows, or a
+    /// value that is not finite, is an error and adds nothing.
+    pub fn add(&mut self, rows: &[f32]) -> Result<()> {
+        let w = self.width();
+        if w == 0 || !rows.len().is_multiple_of(w) {
+            return Err(bad(format!("{} values are not rows of {w} keys", rows.len())));
+        }
+        if rows.iter().any(|x| !x.is_finite()) {
+            return Err(bad("a calibration key is not finite"));
+        }
+        for row in rows.chunks_exact(w) {
+            let row: Vec<f64> = row.iter().map(|&x| x as f64).collect();
+            for (a, &x) in row.iter().enumerate() {
+                self.sum[a] += x;
+                let g = &mut self.gram[a * w..(a + 1) * w];
+                // upper triangle only; mirrored by `symmetrise`
+                for (b, &y) in row.iter().enumerate().skip(a) {
+                    g[b] += x * y;
+                }
+            }
+        }
+        for a in 0..w {
+            for b in 0..a {
+                self.gram[a * w + b] = self.gram[b * w + a];
+            }
+        }
+        self.count += (rows.len() / w) as u64;
+        Ok(())
+    }
+
+    /// The centred cross-products of heads `i` and `j`: `[d, d]`, `(K̄ᵢᵀ K̄ⱼ)[a][b]`.
+    fn centred_block(&self, i: usize, j: usize) -> Vec<f64> {
+        let (w, d, n) = (self.width(), self.head_dim, self.count.max(1) as f64);
+        let mut out = vec![0.0; d * d];
+        for a in 0..d {
+            for b in 0..d {
+                let (ra, cb) = (i * d + a, j * d + b);
+                out[a * d + b] = self.gram[ra * w + cb] - self.sum[ra] * self.sum[cb] / n;
+            }
+        }
+        out
+    }
+
+    /// Linear CKA of heads `i` and `j`'s keys, in `[0, 1]` (1 for `i == j`; 0 when a head's
+    /// keys do not vary).
+    pub fn cka(&self, i: usize, j: usize) -> f64 {
+        let frob = |m: &[f64]| m.iter().map(|x| x * x).sum::<f64>();
+        let cross = frob(&self.centred_block(i, j));
+        let (ii, jj) = (frob(&self.centred_block(i, i)).sqrt(), frob(&self.centred_block(j, j)).sqrt());
+        if ii == 0.0 || jj == 0.0 { 0.0 } else { (cross / (ii * jj)).clamp(0.0, 1.0) }
+    }
+
+    /// Every pair's CKA, `[kv_heads, kv_heads]` row-major.
+    pub fn cka_matrix(&self) -> Vec<f64> {
+        let h = self.kv_heads;
+        let mut m = vec![0.0; h * h];
+        for i in 0..h {
+            for j in i..h {
+                let c = if i == j { 1.0 } else { self.cka(i, j) };
+                m[i * h + j] = c;
+                m[j * h + i] = c;
+            }
+        }
+        m
+    }
+
+    /// The uncentred second moment of `heads`' keys side by side, `[|heads|·d, |heads|·d]`.
+    fn second_moment(&self, heads: &[usize]) -> Vec<f64> {
+        let (w, d, n) = (self.width(), self.head_dim, self.count.max(1) as f64);
+        let cols: Vec<usize> = heads.iter().flat_map(|&h| h * d..(h + 1) * d).collect();
+        let m = cols.len();
+        let mut out = vec![0.0; m * m];
+        for (a, &ca) in cols.iter().enumerate() {
+            for (b, &cb) in cols.iter().enumerate() {
+                out[a * m + b] = self.gram[ca * w + cb] / n;
+            }
+        }
+        out
+    }
+}
+
+/// Heads grouped by average-linkage agglomeration on `similarity` (`[heads, heads]`): the two
+/// groups of highest mean pairwise similarity whose union has at most `max_group` heads merge,
+/// until `⌈heads / max_group⌉` groups remain or no merge fits. Ties go to the lowest heads.
+/// Each group lists its heads in ascending order; groups are ordered by their first head.
+pub fn group_heads(similarity: &[f64], heads: usize, max_group: usize) -> Vec<Vec<usize>> {
+    let max_group = max_group.clamp(1, heads.max(1));
+    let target = heads.div_ceil(max_group);
+    let mut groups: Vec<Vec<usize>> = (0..heads).map(|h| vec![h]).collect();
+    while groups.len() > target {
+        let mut best: Option<(f64, usize, usize)> = None;
+        for a in 0..groups.len() {
+            for b in a + 1..groups.len() {
+                if groups[a].len() + groups[b].len() > max_group {
+                    continue;
+                }
+                let pairs = (groups[a].len() * groups[b].len()) as f64;
+                let mean = groups[a]
+                    .iter()
+                    .flat_map(|&i| groups[b].iter().map(move |&j| similarity[i * heads + j]))
+                    .sum::<f64>()
+                    / pairs;
+                if best.is_none_or(|(m, _, _)| mean > m) {
+                    best = Some((mean, a, b));
+                }
+            }
+        }
+        let Some((_, a, b)) = best else { break };
+        let merged = groups.remove(b);
+        groups[a].extend(merged);
+        groups[a].sort_unstable();
+    }
+    groups.sort_by_key(|g| g[0]);
+    groups
+}
+
+/// Eigenvalues (descending) and eigenvectors of the symmetric `[n, n]` matrix `a` (row-major)
+/// by cyclic Jacobi rotations: `vectors[i * n + k]` is component `i` of the `k`-th vector.
+pub fn symmetric_eigen(a: &[f64], n: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut m = a.to_vec();
+    let mut v = vec![0.0; n * n];
+    for i in 0..n {
+        v[i * n + i] = 1.0;
+    }
+    let scale = m.iter().map(|x| x * x).sum::<f64>().sqrt().max(f64::MIN_POSITIVE);
+    for _sweep in 0..100 {
+        let off: f64 = (0..n)
+            .flat_map(|i| (0..n).filter(move |&j| j != i).map(move |j| (i, j)))
+            .map(|(i, j)| m[i * n + j] * m[i * n + j])
+            .sum();
+        if off.sqrt() <= 1e-15 * scale {
+            break;
+        }
+        for p in 0..n {
+            for q in p + 1..n {
+                let apq = m[p * n + q];
+                if apq.abs() <= 1e-300 {
+                    continue;
+                }
+                let (app, aqq) = (m[p * n + p], m[q * n + q]);
+                let theta = (aqq - app) / (2.0 * apq);
+                let sign = if theta >= 0.0 { 1.0 } else { -1.0 };
+                let t = sign / (theta.abs() + (theta * theta + 1.0).sqrt());
+                let c = 1.0 / (t * t + 1.0).sqrt();
+                let s = t * c;
+                for k in 0..n {
+                    let (mkp, mkq) = (m[k * n + p], m[k * n + q]);
+                    m[k * n + p] = c * mkp - s * mkq;
+                    m[k * n + q] = s * mkp + c * mkq;
+                }
+                for k in 0..n {
+                    let (mpk, mqk) = (m[p * n + k], m[q * n + k]);
+                    m[p * n + k] = c * mpk - s * mqk;
+                    m[q * n + k] = s * mpk + c * mqk;
+                }
+                for k in 0..n {
+                    let (vkp, vkq) = (v[k * n + p], v[k * n + q]);
+                    v[k * n + p] = c * vkp - s * vkq;
+                    v[k * n + q] = s * vkp + c * vkq;
+                }
+            }
+        }
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&x, &y| m[y * n + y].total_cmp(&m[x * n + x]).then(x.cmp(&y)));
+    let values = order.iter().map(|&k| m[k * n + k]).collect();
+    let mut vectors = vec![0.0; n * n];
+    for (new, &old) in order.iter().enumerate() {
+        for i in 0..n {
+            vectors[i * n + new] = v[i * n + old];
+        }
+    }
+    (values, vectors)
+}
+
+/// Ranks for groups with these eigenvalue spectra (each descending) summing to `total`: every
+/// group gets one, then each further unit goes to the largest eigenvalue not yet kept. `total`
+/// is clamped to `[groups, Σ dims]`.
+pub fn allocate_ranks(spectra: &[Vec<f64>], total: usize) -> Vec<usize> {
+    let dims: usize = spectra.iter().map(Vec::len).sum();
+    let total = total.clamp(spectra.len(), dims);
+    let mut ranks: Vec<usize> = spectra.iter().map(|s| usize::from(!s.is_empty())).collect();
+    let mut used: usize = ranks.iter().sum();
+    while used < total {
+        let next = (0..spectra.len())
+            .filter(|&g| ranks[g] < spectra[g].len())
+            .max_by(|&a, &b| spectra[a][ranks[a]].total_cmp(&spectra[b][ranks[b]]).then(b.cmp(&a)));
+        let Some(g) = next else { break };
+        ranks[g] += 1;
+        used += 1;
+    }
+    ranks
+}
+
+/// How many latent dimensions a layer keeps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RankSpec {
+    /// A share of the key width `kv_heads · head_dim`, in `(0, 1]`.
+    Fraction(f64),
+    /// Latent dimensions per layer.
+    Dims(usize),
+}
+
+impl std::str::FromStr for RankSpec {
+    type Err = ModelError;
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim();
+        if let Ok(d) = s.parse::<usize>() {
+            return if d == 0 { Err(bad("a rank of 0 keeps no key")) } else { Ok(RankSpec::Dims(d)) };
+        }
+        let f = match s.strip_suffix('%') {
+            Some(p) => p.trim().parse::<f64>().map(|p| p / 100.0),
+            None => s.parse::<f64>(),
+        }
+        .map_err(|_| bad(format!("rank `{s}`: a share of the key width (0.5, 50%) or a number of dimensions")))?;
+        if !(f > 0.0 && f <= 1.0) {
+            return Err(bad(format!("rank `{s}`: the share must lie in (0, 1]")));
+        }
+        Ok(RankSpec::Fraction(f))
+    }
+}
+
+impl RankSpec {
+    /// Dimensions for a key width of `width`, at least 1 and at most `width`.
+    pub fn dims(&self, width: usize) -> usize {
+        match *self {
+            RankSpec::Fraction(f) => ((f * width as f64).round() as usize).clamp(1, width),
+            RankSpec::Dims(d) => d.clamp(1, width),
+        }
+    }
+}
+
+/// How a layer's KV heads form groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grouping {
+    /// By the similarity of their keys ([`group_heads`] on CKA), at most this many a group.
+    Cka(usize),
+    /// Neighbours in the heads' order, this many a group (the last may hold fewer): the
+    /// grouping that ignores the keys, to compare with.
+    Adjacent(usize),
+}
+
+impl Grouping {
+    /// The most heads a group holds.
+    pub fn size(&self) -> usize {
+        match *self {
+            Grouping::Cka(n) | Grouping::Adjacent(n) => n,
+        }
+    }
+}
+
+/// One group of a layer: its KV heads and the orthonormal basis of its keys' subspace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeyGroup {
+    /// Ascending KV head indices.
+    pub heads: Vec<usize>,
+    pub rank: usize,
+    /// `[heads.len() · head_dim, rank]` row-major, orthonormal columns.
+    pub basis: Vec<f32>,
+}
+
+/// Low-rank keys for a whole model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LowRankKeys {
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Per layer, groups that partition its KV heads.
+    pub layers: Vec<Vec<KeyGroup>>,
+}
+
+/// What calibration found for one layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerReport {
+    /// `[kv_heads, kv_heads]` linear CKA.
+    pub cka: Vec<f64>,
+    pub groups: Vec<Vec<usize>>,
+    pub ranks: Vec<usize>,
+    /// Squared reconstruction error of the calibration keys over their squared norm (the
+    /// dropped eigenvalues' share).
+    pub relative_error: f64,
+}
+
+impl LowRankKeys {
+    /// Groups, bases and ranks from every layer's moments (see the module docs): groups as
+    /// `grouping` forms them, `rank` latent dimensions per layer.
+    pub fn calibrate(moments: &[KeyMoments], rank: RankSpec, grouping: Grouping) -> Result<(Self, Vec<LayerReport>)> {
+        let first = moments.first().ok_or_else(|| bad("no layers to calibrate"))?;
+        let (kv_heads, d) = (first.kv_heads, first.head_dim);
+        if kv_heads == 0 || d == 0 {
+            return Err(bad("a layer without keys"));
+        }
+        if moments.iter().any(|m| m.kv_heads != kv_heads || m.head_dim != d || m.count == 0) {
+            return Err(bad("every layer needs calibration keys of one shape"));
+        }
+        if grouping.size() == 0 {
+            return Err(bad("a group holds at least one head"));
+        }
+        let mut layers = Vec::with_capacity(moments.len());
+        let mut reports = Vec::with_capacity(moments.len());
+        for m in moments {
+            let cka = m.cka_matrix();
+            let groups = match grouping {
+                Grouping::Cka(size) => group_heads(&cka, kv_heads, size),
+                Grouping::Adjacent(size) => {
+                    (0..kv_heads).collect::<Vec<_>>().chunks(size).map(<[usize]>::to_vec).collect()
+                }
+            };
+            let eig: Vec<(Vec<f64>, Vec<f64>)> = groups
+                .iter()
+                .map(|g| {
+                    let (values, vectors) = symmetric_eigen(&m.second_moment(g), g.len() * d);
+                    (values.into_iter().map(|x| x.max(0.0)).collect(), vectors)
+                })
+                .collect();
+            let spectra: Vec<Vec<f64>> = eig.iter().map(|(v, _)| v.clone()).collect();
+            let ranks = allocate_ranks(&spectra, rank.dims(kv_heads * d));
+            let energy: f64 = spectra.iter().flatten().sum();
+            let kept: f64 = spectra.iter().zip(&ranks).map(|(s, &r)| s[..r].iter().sum::<f64>()).sum();
+            let relative_error = if energy > 0.0 { ((energy - kept) / energy).max(0.0) } else { 0.0 };
+            let layer = groups
+                .iter()
+                .zip(&eig)
+                .zip(&ranks)
+                .map(|((g, (_, vectors)), &r)| {
+                    let n = g.len() * d;
+                    let basis = (0..n).flat_map(|i| (0..r).map(move |k| vectors[i * n + k] as f32)).collect();
+                    KeyGroup { heads: g.clone(), rank: r, basis }
+                })
+                .collect();
+            layers.push(layer);
+            reports.push(LayerReport { cka, groups, ranks, relative_error });
+        }
+        let keys = LowRankKeys { kv_heads, head_dim: d, layers };
+        keys.validate()?;
+        Ok((keys, reports))
+    }
+
+    /// Latent dimensions of `layer` (what a token's keys take there, against
+    /// `kv_heads · head_dim` uncompressed).
+    pub fn latent_width(&self, layer: usize) -> usize {
+        self.layers.get(layer).map_or(0, |g| g.iter().map(|g| g.rank).sum())
+    }
+
+    /// The projection onto `layer`'s key subspaces, `[w, w]` row-major with
+    /// `w = kv_heads · head_dim`: block `U_g U_gᵀ` on each group's columns, zero elsewhere. The
+    /// keys `K P` are the reconstruction `(K U_g) U_gᵀ` of every group's latent.
+    pub fn projector(&self, layer: usize) -> Result<Vec<f32>> {
+        let groups = self.layers.get(layer).ok_or_else(|| bad(format!("no layer {layer}")))?;
+        let (d, w) = (self.head_dim, self.kv_heads * self.head_dim);
+        let mut p = vec![0.0f32; w * w];
+        for g in groups {
+            let cols: Vec<usize> = g.heads.iter().flat_map(|&h| h * d..(h + 1) * d).collect();
+            for (a, &ca) in cols.iter().enumerate() {
+                for (b, &cb) in cols.iter().enumerate() {
+                    let row_a = &g.basis[a * g.rank..(a + 1) * g.rank];
+                    let row_b = &g.basis[b * g.rank..(b + 1) * g.rank];
+                    p[ca * w + cb] = row_a.iter().zip(row_b).map(|(x, y)| x * y).sum();
+                }
+            }
+        }
+        Ok(p)
+    }
+
+    /// Every group partitions its layer's heads, every basis has its shape, finite values and
+    /// orthonormal columns (to 1e-3).
+    pub fn validate(&self) -> Result<()> {
+        let (h, d) = (self.kv_heads, self.head_dim);
+        if h == 0 || d == 0 || h > 4096 || d > 4096 {
+            return Err(bad(format!("{h} KV heads of {d} dimensions")));
+        }
+        for (l, groups) in self.layers.iter().enumerate() {
+            let mut seen = vec![false; h];
+            for g in groups {
+                if g.heads.is_empty() || g.heads.windows(2).any(|w| w[0] >= w[1]) {
+                    return Err(bad(format!("layer {l}: a group's heads must be ascending and distinct")));
+                }
+                for &head in &g.heads {
+                    if head >= h || std::mem::replace(&mut seen[head], true) {
+                        return Err(bad(format!("layer {l}: head {head} is out of range or in two groups")));
+                    }
+                }
+                let n = g.heads.len() * d;
+                if g.rank == 0 || g.rank > n || g.basis.len() != n * g.rank {
+                    return Err(bad(format!("layer {l}: a basis of rank {} for {n} key columns", g.rank)));
+                }
+                if g.basis.iter().any(|x| !x.is_finite()) {
+                    return Err(bad(format!("layer {l}: a basis value is not finite")));
+                }
+                for a in 0..g.rank {
+                    for b in a..g.rank {
+                        let dot: f64 =
+                            (0..n).map(|i| g.basis[i * g.rank + a] as f64 * g.basis[i * g.rank + b] as f64).sum();
+                        let want = if a == b { 1.0 } else { 0.0 };
+                        if (dot - want).abs() > 1e-3 {
+                            return Err(bad(format!("layer {l}: the basis columns are not orthonormal")));
+                        }
+                    }
+                }
+            }
+            if seen.iter().any(|s| !s) {
+                return Err(bad(format!("layer {l}: the groups leave a head out")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The safetensors bytes: per layer and group `layer.{l}.group.{g}.basis` (f32
+    /// `[|g|·d, rank]`) and `layer.{l}.group.{g}.heads` (i32), the metadata `format`,
+    /// `version`, `layers`, `kv_heads`, `head_dim`.
+    pub fn to_safetensors(&self) -> Result<Vec<u8>> {
+        self.validate()?;
+        let mut owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+        for (l, groups) in self.layers.iter().enumerate() {
+            for (i, g) in groups.iter().enumerate() {
+                let basis = g.basis.iter().flat_map(|x| x.to_le_bytes()).collect();
+                owned.push((
+                    format!("layer.{l}.group.{i}.basis"),
+                    safetensors::Dtype::F32,
+                    vec![g.heads.len() * self.head_dim, g.rank],
+                    basis,
+                ));
+                let heads = g.heads.iter().flat_map(|&h| (h as i32).to_le_bytes()).collect();
+                owned.push((format!("layer.{l}.group.{i}.heads"), safetensors::Dtype::I32, vec![g.heads.len()], heads));
+            }
+        }
+        let views = owned
+            .iter()
+            .map(|(name, dtype, shape, data)| {
+                safetensors::tensor::TensorView::new(*dtype, shape.clone(), data)
+                    .map(|v| (name.clone(), v))
+                    .map_err(|e| bad(e.to_string()))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let meta = [
+            ("format", FORMAT.to_string()),
+            ("version", VERSION.to_string()),
+            ("layers", self.layers.len().to_string()),
+            ("kv_heads", self.kv_heads.to_string()),
+            ("head_dim", self.head_dim.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        safetensors::serialize(views, Some(meta)).map_err(|e| bad(e.to_string()))
+    }
+
+    /// Reads a file written by [`LowRankKeys::to_safetensors`]; anything else is an error.
+    pub fn from_safetensors(bytes: &[u8]) -> Result<Self> {
+        if bytes.len() > MAX_FILE_BYTES {
+            return Err(bad(format!("{} bytes: larger than any low-rank keys file ({MAX_FILE_BYTES})", bytes.len())));
+        }
+        let (_, header) =
+            safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(format!("not safetensors: {e}")))?;
+        let meta = header.metadata().clone().unwrap_or_default();
+        if meta.get("format").map(String::as_str) != Some(FORMAT)
+            || meta.get("version").map(String::as_str) != Some(VERSION)
+        {
+            return Err(bad(format!("not low-rank keys (format {FORMAT} version {VERSION} expected)")));
+        }
+        let number = |key: &str, max: usize| -> Result<usize> {
+            meta.get(key)
+                .and_then(|v| v.parse().ok())
+                .filter(|&v: &usize| v > 0 && v <= max)
+                .ok_or_else(|| bad(format!("the metadata's {key} is missing or not a number in 1..={max}")))
+        };
+        let (layers, kv_heads, head_dim) =
+            (number("layers", 4096)?, number("kv_heads", 4096)?, number("head_dim", 4096)?);
+        let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| bad(format!("not safetensors: {e}")))?;
+        let mut out = Vec::with_capacity(layers);
+        for l in 0..layers {
+            let mut groups = Vec::new();
+            for i in 0..kv_heads {
+                let Ok(heads) = st.tensor(&format!("layer.{l}.group.{i}.heads")) else { break };
+                if heads.dtype() != safetensors::Dtype::I32 || heads.shape().len() != 1 {
+                    return Err(bad(format!("layer {l} group {i}: the heads must be an i32 vector")));
+                }
+                let heads: Vec<usize> = heads
+                    .data()
+                    .chunks_exact(4)
+                    .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .map(|h| usize::try_from(h).map_err(|_| bad(format!("layer {l} group {i}: head {h}"))))
+                    .collect::<Result<_>>()?;
+                let basis = st
+                    .tensor(&format!("layer.{l}.group.{i}.basis"))
+                    .map_err(|_| bad(format!("layer {l} group {i}: the basis is missing")))?;
+                let shape = basis.shape();
+                if basis.dtype() != safetensors::Dtype::F32 || shape.len() != 2 || shape[0] != heads.len() * head_dim {
+                    return Err(bad(format!(
+                        "layer {l} group {i}: the basis must be f32 [{} · {head_dim}, rank], is {:?} {:?}",
+                        heads.len(),
+                        basis.dtype(),
+                        shape
+                    )));
+                }
+                let rank = shape[1];
+                let data = basis.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+                groups.push(KeyGroup { heads, rank, basis: data });
+            }
+            out.push(groups);
+        }
+        let keys = LowRankKeys { kv_heads, head_dim, layers: out };
+        keys.validate()?;
+        Ok(keys)
+    }
+
+    /// Reads a file (at most [`MAX_FILE_BYTES`]).
+    pub fn read(path: &std::path::Path) -> Result<Self> {
+        use std::io::Read;
+        let file = std::fs::File::open(path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
+        let mut bytes = Vec::new();
+        file.take(MAX_FILE_BYTES as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| bad(format!("{}: {e}", path.display())))?;
+        Self::from_safetensors(&bytes).map_err(|e| match e {
+            ModelError::LowRank(reason) => bad(format!("{}: {reason}", path.display())),
+            other => other,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A seeded generator of values in [-1, 1).
+    fn rng(seed: u64) -> impl FnMut() -> f64 {
+        let mut s = seed;
+        move || {
+            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+        }
+    }
+
+    /// `n` rows of `heads · d` keys: head 2 is head 0 rotated and scaled, the others random,
+    /// every column scaled by a decaying spectrum and shifted by an offset.
+    fn keys(n: usize, heads: usize, d: usize, seed: u64) -> Vec<f32> {
+        let mut r = rng(seed);
+        let mut out = vec![0.0f32; n * heads * d];
+        for t in 0..n {
+            for h in 0..heads {
+                for c in 0..d {
+                    let scale = 1.0 / (1.0 + c as f64);
+                    out[(t * heads + h) * d + c] = (r() * scale + 0.1 * h as f64) as f32;
+                }
+            }
+            if heads > 2 {
+                for c in 0..d {
+                    let src = out[t * heads * d + (c + 1) % d];
+                    out[(t * heads + 2) * d + c] = 3.0 * src + 0.01 * r() as f32;
+                }
+            }
+        }
+        out
+    }
+
+    fn moments(rows: &[f32], heads: usize, d: usize) -> KeyMoments {
+        let mut m = KeyMoments::new(heads, d);
+        m.add(rows).unwrap();
+        m
+    }
+
+    #[test]
+    fn cka_is_the_direct_kernel_alignment() {
+        let (n, heads, d) = (40, 3, 4);
+        let rows = keys(n, heads, d, 1);
+        let m = moments(&rows, heads, d);
+        // HSIC with explicit n×n kernels and the centring matrix H = I − 11ᵀ/n
+        let gram = |h: usize| {
+            let mut k = vec![0.0f64; n * n];
+            for a in 0..n {
+                for b in 0..n {
+                    k[a * n + b] = (0..d)
+                        .map(|c| rows[(a * heads + h) * d + c] as f64 * rows[(b * heads + h) * d + c] as f64)
+                        .sum();
+                }
+            }
+            k
+        };
+        let centre = |k: &[f64]| {
+            let mut out = vec![0.0; n * n];
+            let row: Vec<f64> = (0..n).map(|a| k[a * n..(a + 1) * n].iter().sum::<f64>() / n as f64).collect();
+            let all = row.iter().sum::<f64>() / n as f64;
+            for a in 0..n {
+                for b in 0..n {
+                    out[a * n + b] = k[a * n + b] - row[a] - row[b] + all;
+                }
+            }
+            out
+        };
+        let hsic = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(a, b)| a * b).sum::<f64>();
+        for (i, j) in [(0, 1), (0, 2), (1, 2)] {
+            let (ki, kj) = (centre(&gram(i)), centre(&gram(j)));
+            let direct = hsic(&ki, &kj) / (hsic(&ki, &ki) * hsic(&kj, &kj)).sqrt();
+            assert!((m.cka(i, j) - direct).abs() < 1e-9, "heads {i},{j}: {} vs {direct}", m.cka(i, j));
+        }
+        // head 2 is a linear image of head 0: their alignment is far above the random pair's
+        assert!(m.cka(0, 2) > 0.5 && m.cka(0, 1) < 0.3, "{} {}", m.cka(0, 2), m.cka(0, 1));
+        assert_eq!(m.cka_matrix()[4], 1.0);
+    }
+
+    #[test]
+    fn moments_refuse_ragged_or_broken_rows() {
+        let mut m = KeyMoments::new(2, 2);
+        assert!(m.add(&[1.0; 5]).is_err());
+        assert!(m.add(&[1.0, f32::NAN, 0.0, 0.0]).is_err());
+        assert_eq!(m.count, 0);
+        m.add(&[1.0, 2.0, 3.0, 4.0]).unwrap();
+        assert_eq!((m.count, m.gram[1], m.gram[4], m.sum[3]), (1, 2.0, 2.0, 4.0));
+    }
+
+    #[test]
+    fn eigen_decomposition_reconstructs_its_matrix() {
+        let (values, vectors) = symmetric_eigen(&[2.0, 1.0, 1.0, 2.0], 2);
+        assert!((values[0] - 3.0).abs() < 1e-12 && (values[1] - 1.0).abs() < 1e-12, "{values:?}");
+        assert!((vectors[0].abs() - 0.5f64.sqrt()).abs() < 1e-12);
+        let n = 12;
+        let mut r = rng(7);
+        let b: Vec<f64> = (0..n * n).map(|_| r()).collect();
+        let a: Vec<f64> = (0..n * n).map(|i| (0..n).map(|k| b[(i / n) * n + k] * b[(i % n) * n + k]).sum()).collect();
+        let (values, v) = symmetric_eigen(&a, n);
+        assert!(values.windows(2).all(|w| w[0] >= w[1]));
+        for i in 0..n {
+            for j in 0..n {
+                let back: f64 = (0..n).map(|k| v[i * n + k] * values[k] * v[j * n + k]).sum();
+                assert!((back - a[i * n + j]).abs() < 1e-9);
+                let dot: f64 = (0..n).map(|k| v[k * n + i] * v[k * n + j]).sum();
+                assert!((dot - f64::from(u8::from(i == j))).abs() < 1e-9);
+            }
+        }
+    }
+
+    #[test]
+    fn heads_group_by_similarity_within_the_size_limit() {
+        // 0~2 and 1~3 alike
+        #[rustfmt::skip]
+        let s = [
+            1.0, 0.1, 0.9, 0.2,
+            0.1, 1.0, 0.3, 0.8,
+            0.9, 0.3, 1.0, 0.1,
+            0.2, 0.8, 0.1, 1.0,
+        ];
+        assert_eq!(group_heads(&s, 4, 2), vec![vec![0, 2], vec![1, 3]]);
+        assert_eq!(group_heads(&s, 4, 1), vec![vec![0], vec![1], vec![2], vec![3]]);
+        assert_eq!(group_heads(&s, 4, 4), vec![vec![0, 1, 2, 3]]);
+        // three heads in groups of two: the closest pair, and the third alone
+        let s3 = [1.0, 0.2, 0.7, 0.2, 1.0, 0.1, 0.7, 0.1, 1.0];
+        assert_eq!(group_heads(&s3, 3, 2), vec![vec![0, 2], vec![1]]);
+    }
+
+    #[test]
+    fn ranks_go_to_the_largest_eigenvalues() {
+        let spectra = vec![vec![10.0, 1.0, 0.5], vec![5.0, 4.0, 3.0]];
+        assert_eq!(allocate_ranks(&spectra, 2), vec![1, 1]);
+        assert_eq!(allocate_ranks(&spectra, 4), vec![1, 3]);
+        assert_eq!(allocate_ranks(&spectra, 5), vec![2, 3]);
+        assert_eq!(allocate_ranks(&spectra, 99), vec![3, 3]);
+        assert_eq!(allocate_ranks(&spectra, 0), vec![1, 1]);
+    }
+
+    #[test]
+    fn rank_specs_parse_or_say_why_not() {
+        assert_eq!("0.5".parse::<RankSpec>().unwrap(), RankSpec::Fraction(0.5));
+        assert_eq!("25%".parse::<RankSpec>().unwrap(), RankSpec::Fraction(0.25));
+        assert_eq!("96".parse::<RankSpec>().unwrap(), RankSpec::Dims(96));
+        assert_eq!(RankSpec::Fraction(0.5).dims(192), 96);
+        assert_eq!(RankSpec::Dims(500).dims(192), 192);
+        for bad in ["0", "1.5", "-0.2", "half", "0%"] {
+            assert!(bad.parse::<RankSpec>().is_err(), "{bad}");
+        }
+    }
+
+    /// `‖K − K P‖²_F / ‖K‖²_F` over the rows.
+    fn direct_error(rows: &[f32], p: &[f32], w: usize) -> f64 {
+        let (mut err, mut all) = (0.0f64, 0.0f64);
+        for row in rows.chunks_exact(w) {
+            for b in 0..w {
+                let back: f64 = (0..w).map(|a| row[a] as f64 * p[a * w + b] as f64).sum();
+                err += (row[b] as f64 - back).powi(2);
+                all += (row[b] as f64).powi(2);
+            }
+        }
+        err / all
+    }
+
+    #[test]
+    fn reconstruction_error_is_the_rank_bound() {
+        let (n, heads, d) = (64, 3, 8);
+        let w = heads * d;
+        let rows = keys(n, heads, d, 3);
+        let m = moments(&rows, heads, d);
+        // the singular values of K from the eigenvalues of the row Gram K Kᵀ (n × n): an
+        // independent route to Eckart–Young's bound Σ_{i>r} σᵢ² for one group of all heads
+        let row_gram: Vec<f64> = (0..n * n)
+            .map(|i| (0..w).map(|c| rows[(i / n) * w + c] as f64 * rows[(i % n) * w + c] as f64).sum())
+            .collect();
+        let (sigma2, _) = symmetric_eigen(&row_gram, n);
+        let total: f64 = sigma2.iter().map(|s| s.max(0.0)).sum();
+        for r in [1, 5, 12, 23] {
+            let (lr, reports) =
+                LowRankKeys::calibrate(std::slice::from_ref(&m), RankSpec::Dims(r), Grouping::Cka(heads)).unwrap();
+            assert_eq!(lr.latent_width(0), r);
+            let bound = sigma2[r..].iter().map(|s| s.max(0.0)).sum::<f64>() / total;
+            let direct = direct_error(&rows, &lr.projector(0).unwrap(), w);
+            assert!((direct - bound).abs() < 1e-5, "rank {r}: {direct} vs the bound {bound}");
+            assert!((reports[0].relative_error - bound).abs() < 1e-6);
+        }
+        // groups of one head cannot beat the bound of the whole layer, and reach it at full rank
+        for r in [6, 12] {
+            let (lr, reports) =
+                LowRankKeys::calibrate(std::slice::from_ref(&m), RankSpec::Dims(r), Grouping::Cka(1)).unwrap();
+            assert_eq!(reports[0].groups, vec![vec![0], vec![1], vec![2]]);
+            let bound = sigma2[r..].iter().map(|s| s.max(0.0)).sum::<f64>() / total;
+            let direct = direct_error(&rows, &lr.projector(0).unwrap(), w);
+            assert!(direct >= bound - 1e-9 && (direct - reports[0].relative_error).abs() < 1e-5);
+        }
+        let (full, _) = LowRankKeys::calibrate(&[m], RankSpec::Fraction(1.0), Grouping::Cka(2)).unwrap();
+        let p = full.projector(0).unwrap();
+        for a in 0..w {
+            for b in 0..w {
+                assert!((p[a * w + b] - f32::from(u8::from(a == b))).abs() < 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn files_round_trip_and_foreign_files_are_refused() {
+        let (heads, d) = (3, 4);
+        let layers: Vec<KeyMoments> = (0..2).map(|l| moments(&keys(30, heads, d, 10 + l), heads, d)).collect();
+        let (lr, _) = LowRankKeys::calibrate(&layers, RankSpec::Fraction(0.5), Grouping::Cka(2)).unwrap();
+        let bytes = lr.to_safetensors().unwrap();
+        assert_eq!(LowRankKeys::from_safetensors(&bytes).unwrap(), lr);
+        assert!(LowRankKeys::from_safetensors(b"not a file").is_err());
+        assert!(LowRankKeys::from_safetensors(&bytes[..bytes.len() - 4]).is_err());
+        let data = [0u8; 4];
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![1], &data).unwrap();
+        let other = safetensors::serialize(vec![("x".to_string(), view)], None).unwrap();
+        assert!(LowRankKeys::from_safetensors(&other).is_err());
+        // a basis that is not orthonormal, a head twice, a head left out
+        let mut broken = lr.clone();
+        broken.layers[0][0].basis[0] *= 2.0;
+        assert!(broken.to_safetensors().is_err());
+        let mut twice = lr.clone();
+        twice.layers[1][1].heads = twice.layers[1][0].heads.clone();
+        assert!(twice.validate().is_err());
+        let mut missing = lr;
+        missing.layers[0].pop();
+        assert!(missing.validate().is_err());
+    }
+}
