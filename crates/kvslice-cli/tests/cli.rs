@@ -459,6 +459,64 @@ fn ppl_reports_every_run_per_span_and_as_json() {
 }
 
 #[test]
+fn calibrate_writes_low_rank_keys_that_ppl_and_logits_load() {
+    let tiny = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden/tiny-gguf/tiny-llama-F32.gguf");
+    let tiny = tiny.to_str().unwrap();
+    let dir = std::env::temp_dir().join(format!("kvslice-calibrate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let corpus = dir.join("corpus.txt");
+    let lines: Vec<String> =
+        (0..400).map(|i| format!("Verse {i}: and the {} went forth unto the {}.", i * 7 % 13, i % 5)).collect();
+    std::fs::write(&corpus, lines.join("\n")).unwrap();
+    let suite = dir.join("suite.jsonl");
+    std::fs::write(&suite, "{\"id\": \"x\", \"prompt\": \"nothing of the corpus\", \"answer\": \"y\"}\n").unwrap();
+    let (out_file, json) = (dir.join("lowrank.safetensors"), dir.join("lowrank.json"));
+    let calibrate = |rank: &str| {
+        let args = ["calibrate", "--model", tiny, "--device", "cpu", "--corpus", corpus.to_str().unwrap()];
+        let more = ["--exclude", suite.to_str().unwrap(), "--skip-lines", "0", "--texts", "2", "--tokens", "40"];
+        let last = ["--rank", rank, "--out", out_file.to_str().unwrap(), "--json", json.to_str().unwrap()];
+        kvslice(&[&args[..], &more[..], &last[..]].concat())
+    };
+    let out = calibrate("1.0");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // the tiny llama: 3 layers of 2 KV heads × 16, both heads in one group at full rank
+    assert_eq!(report["key_width"], 32);
+    assert_eq!(report["latent_width"], 96);
+    assert_eq!(report["layers"][0]["groups"], serde_json::json!([[0, 1]]));
+    // at full rank the perplexity is the plain model's
+    let text = dir.join("text.txt");
+    std::fs::write(&text, "In the beginning God created the heaven and the earth. ".repeat(4)).unwrap();
+    let ppl = |extra: &[&str]| {
+        let args = ["ppl", "--model", tiny, "--device", "cpu", "--text", text.to_str().unwrap(), "--tokens", "64"];
+        let out = kvslice(&[&args[..], extra].concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let plain = ppl(&[]);
+    assert_eq!(ppl(&["--low-rank-keys", out_file.to_str().unwrap()]), plain);
+    // a quarter of the width changes it
+    assert!(calibrate("0.25").status.success());
+    assert_ne!(ppl(&["--low-rank-keys", out_file.to_str().unwrap()]), plain);
+    // a file of another kind, and bad settings, are one-line errors
+    let e = one_line_error(&kvslice(&[
+        "logits",
+        "--model",
+        tiny,
+        "--device",
+        "cpu",
+        "--low-rank-keys",
+        tiny,
+        "--text",
+        "hi",
+    ]));
+    assert!(e.contains("low-rank keys") && e.contains("not safetensors"), "{e}");
+    let e = one_line_error(&calibrate("1.5"));
+    assert!(e.contains("(0, 1]"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn bench_writes_its_figures_and_counts_dispatches() {
     let model = default_model();
     let dir = std::env::temp_dir().join(format!("kvslice-bench-{}", std::process::id()));

@@ -44,12 +44,50 @@ pub struct KeyMoments {
     pub sum: Vec<f64>,
     /// `[width, width]` row-major, `Σ k kᵀ`.
     pub gram: Vec<f64>,
+    /// `[width]`: per KV head and RoPE pair `(j, j + d/2)`, `Σ ‖q_j‖²` over the tokens and the
+    /// query heads that read the KV head (both columns of a pair hold the pair's sum).
+    pub query_energy: Vec<f64>,
+    /// Tokens whose queries were added.
+    pub query_count: u64,
 }
 
 impl KeyMoments {
     pub fn new(kv_heads: usize, head_dim: usize) -> Self {
         let w = kv_heads * head_dim;
-        KeyMoments { kv_heads, head_dim, count: 0, sum: vec![0.0; w], gram: vec![0.0; w * w] }
+        KeyMoments {
+            kv_heads,
+            head_dim,
+            count: 0,
+            sum: vec![0.0; w],
+            gram: vec![0.0; w * w],
+            query_energy: vec![0.0; w],
+            query_count: 0,
+        }
+    }
+
+    /// Adds queries `[heads, n, head_dim]` (row-major; RoPE-rotated or not, a pair's norm is
+    /// the same), query head `q` reading KV head `q / (heads / kv_heads)`.
+    pub fn add_queries(&mut self, queries: &[f32], heads: usize) -> Result<()> {
+        let d = self.head_dim;
+        if heads == 0 || !heads.is_multiple_of(self.kv_heads) || !queries.len().is_multiple_of(heads * d) {
+            return Err(bad(format!("{} query values are not {heads} heads of rows of {d}", queries.len())));
+        }
+        if queries.iter().any(|x| !x.is_finite()) {
+            return Err(bad("a calibration query is not finite"));
+        }
+        let (n, group, half) = (queries.len() / (heads * d), heads / self.kv_heads, d / 2);
+        for (qh, head) in queries.chunks_exact(n * d).enumerate() {
+            let kv = qh / group;
+            for row in head.chunks_exact(d) {
+                for j in 0..half {
+                    let e = (row[j] as f64).powi(2) + (row[j + half] as f64).powi(2);
+                    self.query_energy[kv * d + j] += e;
+                    self.query_energy[kv * d + j + half] += e;
+                }
+            }
+        }
+        self.query_count += n as u64;
+        Ok(())
     }
 
     /// Columns of a row: `kv_heads · head_dim`.
@@ -123,18 +161,41 @@ impl KeyMoments {
         m
     }
 
-    /// The uncentred second moment of `heads`' keys side by side, `[|heads|·d, |heads|·d]`.
-    fn second_moment(&self, heads: &[usize]) -> Vec<f64> {
+    /// The uncentred second moment of `heads`' keys side by side with column `a` scaled by
+    /// `scale[a]`, `[|heads|·d, |heads|·d]`.
+    fn second_moment(&self, heads: &[usize], scale: &[f64]) -> Vec<f64> {
         let (w, d, n) = (self.width(), self.head_dim, self.count.max(1) as f64);
         let cols: Vec<usize> = heads.iter().flat_map(|&h| h * d..(h + 1) * d).collect();
         let m = cols.len();
         let mut out = vec![0.0; m * m];
         for (a, &ca) in cols.iter().enumerate() {
             for (b, &cb) in cols.iter().enumerate() {
-                out[a * m + b] = self.gram[ca * w + cb] / n;
+                out[a * m + b] = scale[a] * self.gram[ca * w + cb] / n * scale[b];
             }
         }
         out
+    }
+
+    /// Per column of `heads`, the square root of its weight in the error: 1 for
+    /// [`Weighting::Keys`]; for [`Weighting::Queries`] the mean query energy of its RoPE pair,
+    /// floored at 1e-6 of the largest (a column no query reads still keeps a finite inverse).
+    fn scales(&self, heads: &[usize], weighting: Weighting) -> Result<Vec<f64>> {
+        let d = self.head_dim;
+        let cols = heads.iter().flat_map(|&h| h * d..(h + 1) * d);
+        match weighting {
+            Weighting::Keys => Ok(vec![1.0; heads.len() * d]),
+            Weighting::Queries => {
+                if self.query_count == 0 {
+                    return Err(bad("weighting by the queries needs calibration queries"));
+                }
+                let e: Vec<f64> = cols.map(|c| self.query_energy[c] / self.query_count as f64).collect();
+                let floor = e.iter().copied().fold(0.0, f64::max) * 1e-6;
+                if floor <= 0.0 {
+                    return Err(bad("the calibration queries are all zero"));
+                }
+                Ok(e.into_iter().map(|x| x.max(floor).sqrt()).collect())
+            }
+        }
     }
 }
 
@@ -308,14 +369,28 @@ impl Grouping {
     }
 }
 
+/// What a reconstruction's error is measured in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Weighting {
+    /// The keys' own squared error: the SVD of the key projection on calibration text.
+    Keys,
+    /// The attention logits' expected squared error: with relative positions spread over many
+    /// turns of a RoPE pair, `E[(qᵀ R e)²] ≈ Σ_j ‖q_j‖² ‖e_j‖² / 2` for a key error `e`, so each
+    /// pair of key columns is weighted by the energy the queries of its KV head put in it.
+    Queries,
+}
+
 /// One group of a layer: its KV heads and the orthonormal basis of its keys' subspace.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KeyGroup {
     /// Ascending KV head indices.
     pub heads: Vec<usize>,
     pub rank: usize,
-    /// `[heads.len() · head_dim, rank]` row-major, orthonormal columns.
+    /// `[heads.len() · head_dim, rank]` row-major, orthonormal columns (in the scaled space).
     pub basis: Vec<f32>,
+    /// `[heads.len() · head_dim]`, positive: the latent is `(k ∘ scale) U` and the
+    /// reconstruction `(c Uᵀ) ∘ scale⁻¹` (all ones for [`Weighting::Keys`]).
+    pub scale: Vec<f32>,
 }
 
 /// Low-rank keys for a whole model.
@@ -342,7 +417,12 @@ pub struct LayerReport {
 impl LowRankKeys {
     /// Groups, bases and ranks from every layer's moments (see the module docs): groups as
     /// `grouping` forms them, `rank` latent dimensions per layer.
-    pub fn calibrate(moments: &[KeyMoments], rank: RankSpec, grouping: Grouping) -> Result<(Self, Vec<LayerReport>)> {
+    pub fn calibrate(
+        moments: &[KeyMoments],
+        rank: RankSpec,
+        grouping: Grouping,
+        weighting: Weighting,
+    ) -> Result<(Self, Vec<LayerReport>)> {
         let first = moments.first().ok_or_else(|| bad("no layers to calibrate"))?;
         let (kv_heads, d) = (first.kv_heads, first.head_dim);
         if kv_heads == 0 || d == 0 {
@@ -364,10 +444,12 @@ impl LowRankKeys {
                     (0..kv_heads).collect::<Vec<_>>().chunks(size).map(<[usize]>::to_vec).collect()
                 }
             };
+            let scales = groups.iter().map(|g| m.scales(g, weighting)).collect::<Result<Vec<_>>>()?;
             let eig: Vec<(Vec<f64>, Vec<f64>)> = groups
                 .iter()
-                .map(|g| {
-                    let (values, vectors) = symmetric_eigen(&m.second_moment(g), g.len() * d);
+                .zip(&scales)
+                .map(|(g, scale)| {
+                    let (values, vectors) = symmetric_eigen(&m.second_moment(g, scale), g.len() * d);
                     (values.into_iter().map(|x| x.max(0.0)).collect(), vectors)
                 })
                 .collect();
@@ -380,10 +462,12 @@ impl LowRankKeys {
                 .iter()
                 .zip(&eig)
                 .zip(&ranks)
-                .map(|((g, (_, vectors)), &r)| {
+                .zip(&scales)
+                .map(|(((g, (_, vectors)), &r), scale)| {
                     let n = g.len() * d;
                     let basis = (0..n).flat_map(|i| (0..r).map(move |k| vectors[i * n + k] as f32)).collect();
-                    KeyGroup { heads: g.clone(), rank: r, basis }
+                    let scale = scale.iter().map(|&x| x as f32).collect();
+                    KeyGroup { heads: g.clone(), rank: r, basis, scale }
                 })
                 .collect();
             layers.push(layer);
@@ -401,8 +485,8 @@ impl LowRankKeys {
     }
 
     /// The projection onto `layer`'s key subspaces, `[w, w]` row-major with
-    /// `w = kv_heads · head_dim`: block `U_g U_gᵀ` on each group's columns, zero elsewhere. The
-    /// keys `K P` are the reconstruction `(K U_g) U_gᵀ` of every group's latent.
+    /// `w = kv_heads · head_dim`: block `S U_g U_gᵀ S⁻¹` on each group's columns (`S` its
+    /// scales), zero elsewhere. The keys `K P` are every group's reconstruction from its latent.
     pub fn projector(&self, layer: usize) -> Result<Vec<f32>> {
         let groups = self.layers.get(layer).ok_or_else(|| bad(format!("no layer {layer}")))?;
         let (d, w) = (self.head_dim, self.kv_heads * self.head_dim);
@@ -413,7 +497,8 @@ impl LowRankKeys {
                 for (b, &cb) in cols.iter().enumerate() {
                     let row_a = &g.basis[a * g.rank..(a + 1) * g.rank];
                     let row_b = &g.basis[b * g.rank..(b + 1) * g.rank];
-                    p[ca * w + cb] = row_a.iter().zip(row_b).map(|(x, y)| x * y).sum();
+                    let uu: f32 = row_a.iter().zip(row_b).map(|(x, y)| x * y).sum();
+                    p[ca * w + cb] = g.scale[a] * uu / g.scale[b];
                 }
             }
         }
@@ -445,6 +530,9 @@ impl LowRankKeys {
                 if g.basis.iter().any(|x| !x.is_finite()) {
                     return Err(bad(format!("layer {l}: a basis value is not finite")));
                 }
+                if g.scale.len() != n || g.scale.iter().any(|&x| !(x.is_finite() && x > 0.0 && x.recip().is_finite())) {
+                    return Err(bad(format!("layer {l}: the scales must be {n} positive finite numbers")));
+                }
                 for a in 0..g.rank {
                     for b in a..g.rank {
                         let dot: f64 =
@@ -464,7 +552,7 @@ impl LowRankKeys {
     }
 
     /// The safetensors bytes: per layer and group `layer.{l}.group.{g}.basis` (f32
-    /// `[|g|·d, rank]`) and `layer.{l}.group.{g}.heads` (i32), the metadata `format`,
+    /// `[|g|·d, rank]`), `.scale` (f32 `[|g|·d]`) and `.heads` (i32), the metadata `format`,
     /// `version`, `layers`, `kv_heads`, `head_dim`.
     pub fn to_safetensors(&self) -> Result<Vec<u8>> {
         self.validate()?;
@@ -478,6 +566,8 @@ impl LowRankKeys {
                     vec![g.heads.len() * self.head_dim, g.rank],
                     basis,
                 ));
+                let scale = g.scale.iter().flat_map(|x| x.to_le_bytes()).collect();
+                owned.push((format!("layer.{l}.group.{i}.scale"), safetensors::Dtype::F32, vec![g.scale.len()], scale));
                 let heads = g.heads.iter().flat_map(|&h| (h as i32).to_le_bytes()).collect();
                 owned.push((format!("layer.{l}.group.{i}.heads"), safetensors::Dtype::I32, vec![g.heads.len()], heads));
             }
@@ -552,8 +642,19 @@ impl LowRankKeys {
                     )));
                 }
                 let rank = shape[1];
-                let data = basis.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-                groups.push(KeyGroup { heads, rank, basis: data });
+                let floats = |t: &safetensors::tensor::TensorView<'_>| -> Vec<f32> {
+                    t.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+                };
+                let scale = st
+                    .tensor(&format!("layer.{l}.group.{i}.scale"))
+                    .map_err(|_| bad(format!("layer {l} group {i}: the scales are missing")))?;
+                if scale.dtype() != safetensors::Dtype::F32 || scale.shape() != [heads.len() * head_dim] {
+                    return Err(bad(format!(
+                        "layer {l} group {i}: the scales must be f32 [{}]",
+                        heads.len() * head_dim
+                    )));
+                }
+                groups.push(KeyGroup { heads, rank, basis: floats(&basis), scale: floats(&scale) });
             }
             out.push(groups);
         }
@@ -615,10 +716,22 @@ mod tests {
         out
     }
 
+    /// Moments of `rows`, with queries of two query heads per KV head whose energy falls with
+    /// the column (as RoPE's low-frequency pairs draw most of it in trained models).
     fn moments(rows: &[f32], heads: usize, d: usize) -> KeyMoments {
         let mut m = KeyMoments::new(heads, d);
         m.add(rows).unwrap();
+        let n = rows.len() / (heads * d);
+        let mut r = rng(55);
+        let q: Vec<f32> = (0..2 * heads * n * d).map(|i| (r() * 4.0 / (1.0 + (i % d) as f64)) as f32).collect();
+        m.add_queries(&q, 2 * heads).unwrap();
         m
+    }
+
+    /// The queries' weights of every column, as [`KeyMoments::scales`] squares them.
+    fn weights(m: &KeyMoments) -> Vec<f64> {
+        let heads: Vec<usize> = (0..m.kv_heads).collect();
+        m.scales(&heads, Weighting::Queries).unwrap().iter().map(|s| s * s).collect()
     }
 
     #[test]
@@ -733,15 +846,50 @@ mod tests {
 
     /// `‖K − K P‖²_F / ‖K‖²_F` over the rows.
     fn direct_error(rows: &[f32], p: &[f32], w: usize) -> f64 {
+        weighted_error(rows, p, w, &vec![1.0; w])
+    }
+
+    /// `Σ_b weight_b (K − K P)²_b / Σ_b weight_b K²_b` over the rows.
+    fn weighted_error(rows: &[f32], p: &[f32], w: usize, weight: &[f64]) -> f64 {
         let (mut err, mut all) = (0.0f64, 0.0f64);
         for row in rows.chunks_exact(w) {
             for b in 0..w {
                 let back: f64 = (0..w).map(|a| row[a] as f64 * p[a * w + b] as f64).sum();
-                err += (row[b] as f64 - back).powi(2);
-                all += (row[b] as f64).powi(2);
+                err += weight[b] * (row[b] as f64 - back).powi(2);
+                all += weight[b] * (row[b] as f64).powi(2);
             }
         }
         err / all
+    }
+
+    #[test]
+    fn query_weighted_bases_minimise_the_weighted_error() {
+        let (n, heads, d) = (64, 3, 8);
+        let w = heads * d;
+        let rows = keys(n, heads, d, 21);
+        let m = moments(&rows, heads, d);
+        let weight = weights(&m);
+        // the pair's energy in both of its columns
+        assert_eq!(m.query_energy[1], m.query_energy[1 + d / 2]);
+        for r in [3, 8, 16] {
+            let spec = RankSpec::Dims(r);
+            let one =
+                |weighting| LowRankKeys::calibrate(std::slice::from_ref(&m), spec, Grouping::Cka(heads), weighting);
+            let (by_queries, reports) = one(Weighting::Queries).unwrap();
+            let (by_keys, _) = one(Weighting::Keys).unwrap();
+            let direct = weighted_error(&rows, &by_queries.projector(0).unwrap(), w, &weight);
+            assert!(
+                (direct - reports[0].relative_error).abs() < 1e-5,
+                "rank {r}: {direct} vs {}",
+                reports[0].relative_error
+            );
+            let other = weighted_error(&rows, &by_keys.projector(0).unwrap(), w, &weight);
+            assert!(direct <= other + 1e-9, "rank {r}: {direct} above the keys' basis {other}");
+        }
+        let mut none = KeyMoments::new(heads, d);
+        none.add(&rows).unwrap();
+        assert!(LowRankKeys::calibrate(&[none], RankSpec::Dims(4), Grouping::Cka(1), Weighting::Queries).is_err());
+        assert!(m.clone().add_queries(&[1.0; 10], 2).is_err());
     }
 
     #[test]
@@ -758,8 +906,13 @@ mod tests {
         let (sigma2, _) = symmetric_eigen(&row_gram, n);
         let total: f64 = sigma2.iter().map(|s| s.max(0.0)).sum();
         for r in [1, 5, 12, 23] {
-            let (lr, reports) =
-                LowRankKeys::calibrate(std::slice::from_ref(&m), RankSpec::Dims(r), Grouping::Cka(heads)).unwrap();
+            let (lr, reports) = LowRankKeys::calibrate(
+                std::slice::from_ref(&m),
+                RankSpec::Dims(r),
+                Grouping::Cka(heads),
+                Weighting::Keys,
+            )
+            .unwrap();
             assert_eq!(lr.latent_width(0), r);
             let bound = sigma2[r..].iter().map(|s| s.max(0.0)).sum::<f64>() / total;
             let direct = direct_error(&rows, &lr.projector(0).unwrap(), w);
@@ -769,13 +922,15 @@ mod tests {
         // groups of one head cannot beat the bound of the whole layer, and reach it at full rank
         for r in [6, 12] {
             let (lr, reports) =
-                LowRankKeys::calibrate(std::slice::from_ref(&m), RankSpec::Dims(r), Grouping::Cka(1)).unwrap();
+                LowRankKeys::calibrate(std::slice::from_ref(&m), RankSpec::Dims(r), Grouping::Cka(1), Weighting::Keys)
+                    .unwrap();
             assert_eq!(reports[0].groups, vec![vec![0], vec![1], vec![2]]);
             let bound = sigma2[r..].iter().map(|s| s.max(0.0)).sum::<f64>() / total;
             let direct = direct_error(&rows, &lr.projector(0).unwrap(), w);
             assert!(direct >= bound - 1e-9 && (direct - reports[0].relative_error).abs() < 1e-5);
         }
-        let (full, _) = LowRankKeys::calibrate(&[m], RankSpec::Fraction(1.0), Grouping::Cka(2)).unwrap();
+        let (full, _) =
+            LowRankKeys::calibrate(&[m], RankSpec::Fraction(1.0), Grouping::Cka(2), Weighting::Keys).unwrap();
         let p = full.projector(0).unwrap();
         for a in 0..w {
             for b in 0..w {
@@ -788,7 +943,8 @@ mod tests {
     fn files_round_trip_and_foreign_files_are_refused() {
         let (heads, d) = (3, 4);
         let layers: Vec<KeyMoments> = (0..2).map(|l| moments(&keys(30, heads, d, 10 + l), heads, d)).collect();
-        let (lr, _) = LowRankKeys::calibrate(&layers, RankSpec::Fraction(0.5), Grouping::Cka(2)).unwrap();
+        let (lr, _) =
+            LowRankKeys::calibrate(&layers, RankSpec::Fraction(0.5), Grouping::Cka(2), Weighting::Queries).unwrap();
         let bytes = lr.to_safetensors().unwrap();
         assert_eq!(LowRankKeys::from_safetensors(&bytes).unwrap(), lr);
         assert!(LowRankKeys::from_safetensors(b"not a file").is_err());
@@ -804,8 +960,11 @@ mod tests {
         let mut twice = lr.clone();
         twice.layers[1][1].heads = twice.layers[1][0].heads.clone();
         assert!(twice.validate().is_err());
-        let mut missing = lr;
+        let mut missing = lr.clone();
         missing.layers[0].pop();
         assert!(missing.validate().is_err());
+        let mut zero = lr;
+        zero.layers[0][0].scale[0] = 0.0;
+        assert!(zero.validate().is_err());
     }
 }

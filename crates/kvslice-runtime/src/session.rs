@@ -18,6 +18,10 @@ use crate::sampling::Sampler;
 /// is full ([`Session::reserve`]), so a large `max_new_tokens` costs no memory until it is used.
 pub const GROW_STEP: usize = 256;
 
+/// [`Session::logits_at`] computes the logits of at most this many rows at once (`256 × vocab`
+/// f32: 48 MiB for SmolLM2's vocabulary).
+const LOGIT_ROWS: usize = 256;
+
 /// One sequence on one model.
 pub struct Session<'m> {
     model: &'m Llama,
@@ -419,14 +423,19 @@ impl<'m> Session<'m> {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        let idx = Tensor::<1, Int>::from_data(
-            TensorData::new(rows.iter().map(|&r| r as i32).collect::<Vec<_>>(), [rows.len()]),
-            self.model.device(),
-        );
-        let logits = self.model.logits(hidden.select(0, idx));
+        // the rows' logits a block at a time: a whole prompt's (`[n, vocab]`) would be
+        // gigabytes at 8K tokens
         let vocab = self.model.config.vocab_size;
-        let flat = read_f32(logits).await?;
-        Ok(flat.chunks(vocab).map(<[f32]>::to_vec).collect())
+        let mut out = Vec::with_capacity(rows.len());
+        for block in rows.chunks(LOGIT_ROWS) {
+            let idx = Tensor::<1, Int>::from_data(
+                TensorData::new(block.iter().map(|&r| r as i32).collect::<Vec<_>>(), [block.len()]),
+                self.model.device(),
+            );
+            let flat = read_f32(self.model.logits(hidden.clone().select(0, idx))).await?;
+            out.extend(flat.chunks(vocab).map(<[f32]>::to_vec));
+        }
+        Ok(out)
     }
 
     /// Feeds `tokens` and returns the logits of the last one.
