@@ -17,7 +17,7 @@ use kvslice_formats::weights::Tensor as HostTensor;
 use kvslice_formats::{ModelConfig, SafetensorsWeights, WeightSource};
 use kvslice_model::Llama;
 use kvslice_model::load::load_llama;
-use kvslice_model::lowrank::{Grouping, KeyMoments, LowRankKeys, RankSpec, Weighting};
+use kvslice_model::lowrank::{Grouping, KeyMoments, LowRankKeys, RankSpec, Settings};
 use kvslice_runtime::Session;
 use kvslice_tests::{cpu, wgpu};
 
@@ -119,7 +119,7 @@ fn calibrate(model: &Llama, rank: RankSpec, grouping: Grouping) -> LowRankKeys {
     for ids in texts() {
         pollster::block_on(kvslice_runtime::calibrate::add_key_moments(model, &ids, &mut moments)).unwrap();
     }
-    LowRankKeys::calibrate(&moments, rank, grouping, Weighting::Queries).unwrap().0
+    LowRankKeys::calibrate(&moments, &Settings { grouping, ..Settings::new(rank, 1) }).unwrap().0
 }
 
 const PROMPT: [u32; 12] = [1, 17, 42, 99, 3, 250, 8, 64, 31, 77, 5, 120];

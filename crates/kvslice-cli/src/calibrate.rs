@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use kvslice_runtime::lowrank::{Grouping, KeyMoments, LowRankKeys, RankSpec, Weighting};
+use kvslice_runtime::lowrank::{Allocation, Grouping, KeyMoments, LowRankKeys, RankSpec, Settings, Weighting};
 use serde_json::json;
 
 use crate::ModelArgs;
@@ -22,7 +22,7 @@ pub struct CalibrateArgs {
     #[arg(long, default_value = "0.5")]
     pub rank: String,
     /// The most KV heads a group holds.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 4)]
     pub group: usize,
     /// `cka` (heads grouped by the similarity of their keys) or `adjacent` (neighbours in the
     /// heads' order, to compare with).
@@ -32,6 +32,10 @@ pub struct CalibrateArgs {
     /// columns weighted by the energy the queries put in it) or `keys` (the keys' own).
     #[arg(long, default_value = "queries")]
     pub weighting: String,
+    /// `model` (the model's latent dimensions go to the largest eigenvalues of any layer) or
+    /// `layer` (every layer the same number).
+    #[arg(long, default_value = "model")]
+    pub allocation: String,
     /// Passages calibrated on.
     #[arg(long, default_value_t = 8)]
     pub texts: usize,
@@ -59,6 +63,11 @@ pub fn run(args: CalibrateArgs, verbose: bool) -> Result<()> {
         "keys" => Weighting::Keys,
         other => bail!("--weighting {other}: `queries` or `keys`"),
     };
+    let allocation = match args.allocation.as_str() {
+        "model" => Allocation::Model,
+        "layer" => Allocation::PerLayer,
+        other => bail!("--allocation {other}: `model` or `layer`"),
+    };
     if args.texts == 0 || args.tokens < 2 {
         bail!("--texts must be positive and --tokens at least 2");
     }
@@ -85,7 +94,7 @@ pub fn run(args: CalibrateArgs, verbose: bool) -> Result<()> {
             t0.elapsed().as_secs_f64()
         );
     }
-    let (keys, reports) = LowRankKeys::calibrate(&moments, rank, grouping, weighting)?;
+    let (keys, reports) = LowRankKeys::calibrate(&moments, &Settings { rank, grouping, weighting, allocation })?;
     let bytes = keys.to_safetensors()?;
     std::fs::write(&args.out, &bytes).with_context(|| format!("writing {}", args.out.display()))?;
     let width = c.num_kv_heads * c.head_dim;
@@ -139,9 +148,10 @@ pub fn run(args: CalibrateArgs, verbose: bool) -> Result<()> {
             "group": args.group,
             "grouping": args.grouping,
             "weighting": args.weighting,
+            "allocation": args.allocation,
             "key_width": width,
             "layers": reports.iter().map(|r| json!({
-                "cka": r.cka, "groups": r.groups, "ranks": r.ranks, "relative_error": r.relative_error,
+                "cka": r.cka, "groups": r.groups, "ranks": r.ranks, "relative_error": r.relative_error, "energy": r.energy,
             })).collect::<Vec<_>>(),
             "latent_width": latent,
             "seconds": t0.elapsed().as_secs_f64(),

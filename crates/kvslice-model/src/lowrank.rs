@@ -380,6 +380,40 @@ pub enum Weighting {
     Queries,
 }
 
+/// How the latent dimensions are shared out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Allocation {
+    /// Every layer the same number, spent within it on its groups' largest eigenvalues.
+    PerLayer,
+    /// The model's total (`layers ×` a layer's share) on the largest eigenvalues of any group
+    /// of any layer: with [`Weighting::Queries`] they all measure the expected squared
+    /// attention logit, so this minimises the model's total error in one unit.
+    Model,
+}
+
+/// Everything calibration decides with.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Settings {
+    /// Latent dimensions per layer (on average, with [`Allocation::Model`]).
+    pub rank: RankSpec,
+    pub grouping: Grouping,
+    pub weighting: Weighting,
+    pub allocation: Allocation,
+}
+
+impl Settings {
+    /// `rank` with groups of at most `max_group` heads by CKA, weighted by the queries, the
+    /// dimensions shared out over the model.
+    pub fn new(rank: RankSpec, max_group: usize) -> Self {
+        Settings {
+            rank,
+            grouping: Grouping::Cka(max_group),
+            weighting: Weighting::Queries,
+            allocation: Allocation::Model,
+        }
+    }
+}
+
 /// One group of a layer: its KV heads and the orthonormal basis of its keys' subspace.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KeyGroup {
@@ -410,19 +444,17 @@ pub struct LayerReport {
     pub groups: Vec<Vec<usize>>,
     pub ranks: Vec<usize>,
     /// Squared reconstruction error of the calibration keys over their squared norm (the
-    /// dropped eigenvalues' share).
+    /// dropped eigenvalues' share; both weighted as the settings say).
     pub relative_error: f64,
+    /// The keys' mean squared norm, weighted likewise (what the layer's share is of).
+    pub energy: f64,
 }
 
 impl LowRankKeys {
     /// Groups, bases and ranks from every layer's moments (see the module docs): groups as
     /// `grouping` forms them, `rank` latent dimensions per layer.
-    pub fn calibrate(
-        moments: &[KeyMoments],
-        rank: RankSpec,
-        grouping: Grouping,
-        weighting: Weighting,
-    ) -> Result<(Self, Vec<LayerReport>)> {
+    pub fn calibrate(moments: &[KeyMoments], settings: &Settings) -> Result<(Self, Vec<LayerReport>)> {
+        let Settings { rank, grouping, weighting, allocation } = *settings;
         let first = moments.first().ok_or_else(|| bad("no layers to calibrate"))?;
         let (kv_heads, d) = (first.kv_heads, first.head_dim);
         if kv_heads == 0 || d == 0 {
@@ -434,8 +466,8 @@ impl LowRankKeys {
         if grouping.size() == 0 {
             return Err(bad("a group holds at least one head"));
         }
-        let mut layers = Vec::with_capacity(moments.len());
-        let mut reports = Vec::with_capacity(moments.len());
+        // per layer: CKA, groups, scales, and each group's eigen-decomposition
+        let mut found = Vec::with_capacity(moments.len());
         for m in moments {
             let cka = m.cka_matrix();
             let groups = match grouping {
@@ -453,10 +485,28 @@ impl LowRankKeys {
                     (values.into_iter().map(|x| x.max(0.0)).collect(), vectors)
                 })
                 .collect();
-            let spectra: Vec<Vec<f64>> = eig.iter().map(|(v, _)| v.clone()).collect();
-            let ranks = allocate_ranks(&spectra, rank.dims(kv_heads * d));
-            let energy: f64 = spectra.iter().flatten().sum();
-            let kept: f64 = spectra.iter().zip(&ranks).map(|(s, &r)| s[..r].iter().sum::<f64>()).sum();
+            found.push((cka, groups, scales, eig));
+        }
+        let per_layer = rank.dims(kv_heads * d);
+        let ranks: Vec<Vec<usize>> = match allocation {
+            Allocation::PerLayer => found
+                .iter()
+                .map(|(_, _, _, eig)| {
+                    allocate_ranks(&eig.iter().map(|(v, _)| v.clone()).collect::<Vec<_>>(), per_layer)
+                })
+                .collect(),
+            Allocation::Model => {
+                let spectra: Vec<Vec<f64>> =
+                    found.iter().flat_map(|(_, _, _, eig)| eig.iter().map(|(v, _)| v.clone())).collect();
+                let mut flat = allocate_ranks(&spectra, per_layer * moments.len()).into_iter();
+                found.iter().map(|(_, groups, _, _)| flat.by_ref().take(groups.len()).collect()).collect()
+            }
+        };
+        let mut layers = Vec::with_capacity(moments.len());
+        let mut reports = Vec::with_capacity(moments.len());
+        for ((cka, groups, scales, eig), ranks) in found.into_iter().zip(ranks) {
+            let energy: f64 = eig.iter().flat_map(|(v, _)| v).sum();
+            let kept: f64 = eig.iter().zip(&ranks).map(|((v, _), &r)| v[..r].iter().sum::<f64>()).sum();
             let relative_error = if energy > 0.0 { ((energy - kept) / energy).max(0.0) } else { 0.0 };
             let layer = groups
                 .iter()
@@ -471,7 +521,7 @@ impl LowRankKeys {
                 })
                 .collect();
             layers.push(layer);
-            reports.push(LayerReport { cka, groups, ranks, relative_error });
+            reports.push(LayerReport { cka, groups, ranks, relative_error, energy });
         }
         let keys = LowRankKeys { kv_heads, head_dim: d, layers };
         keys.validate()?;
@@ -833,6 +883,23 @@ mod tests {
     }
 
     #[test]
+    fn the_model_allocation_spends_the_total_on_the_largest_eigenvalues() {
+        let (heads, d) = (2, 4);
+        // layer 1's keys ten times layer 0's: its eigenvalues are a hundred times larger
+        let small = keys(40, heads, d, 31);
+        let large: Vec<f32> = small.iter().map(|x| 10.0 * x).collect();
+        let layers = [moments(&small, heads, d), moments(&large, heads, d)];
+        let settings = |allocation| Settings { allocation, ..keys_only(RankSpec::Dims(4), Grouping::Cka(1)) };
+        let (per_layer, _) = LowRankKeys::calibrate(&layers, &settings(Allocation::PerLayer)).unwrap();
+        assert_eq!((per_layer.latent_width(0), per_layer.latent_width(1)), (4, 4));
+        let (model, reports) = LowRankKeys::calibrate(&layers, &settings(Allocation::Model)).unwrap();
+        assert_eq!(model.latent_width(0) + model.latent_width(1), 8);
+        // every group keeps one; the rest go to layer 1, whose every eigenvalue is larger
+        assert_eq!(model.latent_width(0), 2);
+        assert!((reports[1].energy / reports[0].energy - 100.0).abs() < 1e-6);
+    }
+
+    #[test]
     fn rank_specs_parse_or_say_why_not() {
         assert_eq!("0.5".parse::<RankSpec>().unwrap(), RankSpec::Fraction(0.5));
         assert_eq!("25%".parse::<RankSpec>().unwrap(), RankSpec::Fraction(0.25));
@@ -842,6 +909,11 @@ mod tests {
         for bad in ["0", "1.5", "-0.2", "half", "0%"] {
             assert!(bad.parse::<RankSpec>().is_err(), "{bad}");
         }
+    }
+
+    /// The keys' own error, one layer's dimensions within it.
+    fn keys_only(rank: RankSpec, grouping: Grouping) -> Settings {
+        Settings { rank, grouping, weighting: Weighting::Keys, allocation: Allocation::PerLayer }
     }
 
     /// `‖K − K P‖²_F / ‖K‖²_F` over the rows.
@@ -873,8 +945,12 @@ mod tests {
         assert_eq!(m.query_energy[1], m.query_energy[1 + d / 2]);
         for r in [3, 8, 16] {
             let spec = RankSpec::Dims(r);
-            let one =
-                |weighting| LowRankKeys::calibrate(std::slice::from_ref(&m), spec, Grouping::Cka(heads), weighting);
+            let one = |weighting| {
+                LowRankKeys::calibrate(
+                    std::slice::from_ref(&m),
+                    &Settings { weighting, ..keys_only(spec, Grouping::Cka(heads)) },
+                )
+            };
             let (by_queries, reports) = one(Weighting::Queries).unwrap();
             let (by_keys, _) = one(Weighting::Keys).unwrap();
             let direct = weighted_error(&rows, &by_queries.projector(0).unwrap(), w, &weight);
@@ -888,7 +964,7 @@ mod tests {
         }
         let mut none = KeyMoments::new(heads, d);
         none.add(&rows).unwrap();
-        assert!(LowRankKeys::calibrate(&[none], RankSpec::Dims(4), Grouping::Cka(1), Weighting::Queries).is_err());
+        assert!(LowRankKeys::calibrate(&[none], &Settings::new(RankSpec::Dims(4), 1)).is_err());
         assert!(m.clone().add_queries(&[1.0; 10], 2).is_err());
     }
 
@@ -906,13 +982,9 @@ mod tests {
         let (sigma2, _) = symmetric_eigen(&row_gram, n);
         let total: f64 = sigma2.iter().map(|s| s.max(0.0)).sum();
         for r in [1, 5, 12, 23] {
-            let (lr, reports) = LowRankKeys::calibrate(
-                std::slice::from_ref(&m),
-                RankSpec::Dims(r),
-                Grouping::Cka(heads),
-                Weighting::Keys,
-            )
-            .unwrap();
+            let (lr, reports) =
+                LowRankKeys::calibrate(std::slice::from_ref(&m), &keys_only(RankSpec::Dims(r), Grouping::Cka(heads)))
+                    .unwrap();
             assert_eq!(lr.latent_width(0), r);
             let bound = sigma2[r..].iter().map(|s| s.max(0.0)).sum::<f64>() / total;
             let direct = direct_error(&rows, &lr.projector(0).unwrap(), w);
@@ -922,15 +994,14 @@ mod tests {
         // groups of one head cannot beat the bound of the whole layer, and reach it at full rank
         for r in [6, 12] {
             let (lr, reports) =
-                LowRankKeys::calibrate(std::slice::from_ref(&m), RankSpec::Dims(r), Grouping::Cka(1), Weighting::Keys)
+                LowRankKeys::calibrate(std::slice::from_ref(&m), &keys_only(RankSpec::Dims(r), Grouping::Cka(1)))
                     .unwrap();
             assert_eq!(reports[0].groups, vec![vec![0], vec![1], vec![2]]);
             let bound = sigma2[r..].iter().map(|s| s.max(0.0)).sum::<f64>() / total;
             let direct = direct_error(&rows, &lr.projector(0).unwrap(), w);
             assert!(direct >= bound - 1e-9 && (direct - reports[0].relative_error).abs() < 1e-5);
         }
-        let (full, _) =
-            LowRankKeys::calibrate(&[m], RankSpec::Fraction(1.0), Grouping::Cka(2), Weighting::Keys).unwrap();
+        let (full, _) = LowRankKeys::calibrate(&[m], &keys_only(RankSpec::Fraction(1.0), Grouping::Cka(2))).unwrap();
         let p = full.projector(0).unwrap();
         for a in 0..w {
             for b in 0..w {
@@ -943,8 +1014,7 @@ mod tests {
     fn files_round_trip_and_foreign_files_are_refused() {
         let (heads, d) = (3, 4);
         let layers: Vec<KeyMoments> = (0..2).map(|l| moments(&keys(30, heads, d, 10 + l), heads, d)).collect();
-        let (lr, _) =
-            LowRankKeys::calibrate(&layers, RankSpec::Fraction(0.5), Grouping::Cka(2), Weighting::Queries).unwrap();
+        let (lr, _) = LowRankKeys::calibrate(&layers, &Settings::new(RankSpec::Fraction(0.5), 2)).unwrap();
         let bytes = lr.to_safetensors().unwrap();
         assert_eq!(LowRankKeys::from_safetensors(&bytes).unwrap(), lr);
         assert!(LowRankKeys::from_safetensors(b"not a file").is_err());
