@@ -422,12 +422,19 @@ fn span(inner: impl Scorer + 'static, o: &Options) -> Result<Span> {
 }
 
 fn distill_options() -> Vec<OptionSpec> {
-    vec![OptionSpec {
-        name: "weights",
-        default: crate::scorer::distill::BUILTIN,
-        help: "the networks: smollm2-135m (built in, trained for SmolLM2-135M) or a safetensors file from kvslice train-policy",
-        kind: OptionKind::Text,
-    }]
+    vec![
+        OptionSpec {
+            name: "weights",
+            default: crate::scorer::distill::BUILTIN,
+            help: "the networks: smollm2-135m (built in, trained for SmolLM2-135M) or a safetensors file from kvslice train-policy",
+            kind: OptionKind::Text,
+        },
+        int("recent", "0", 0, 1 << 20, "the most recent entries always kept, beside the 4 sinks"),
+    ]
+}
+
+fn distill(o: &Options) -> Result<DistillCache> {
+    Ok(DistillCache::load(&o.get_text("weights")?)?.with_recent(o.get_usize("recent")?))
 }
 
 fn adakv(o: &Options) -> Result<AdaKv> {
@@ -963,7 +970,7 @@ static REGISTRY: &[Entry] = &[
         summary: "learned: a small network per layer and KV head ranks each entry, from its key and value, by the attention it will receive",
         options: distill_options,
         scored: true,
-        build: |o, _| scored(DistillCache::load(&o.get_text("weights")?)?, Uniform, DecodeSpec::Grow),
+        build: |o, _| scored(distill(o)?, Uniform, DecodeSpec::Grow),
     },
     Entry {
         name: "distillcache-span",
@@ -975,7 +982,7 @@ static REGISTRY: &[Entry] = &[
             o
         },
         scored: true,
-        build: |o, _| scored(span(DistillCache::load(&o.get_text("weights")?)?, o)?, Uniform, DecodeSpec::Grow),
+        build: |o, _| scored(span(distill(o)?, o)?, Uniform, DecodeSpec::Grow),
     },
     Entry {
         name: "lacache",

@@ -331,6 +331,8 @@ pub struct DistillCache {
     weights: Arc<DistillWeights>,
     /// Where the weights came from (the built-in name or the file's path).
     source: String,
+    /// The most recent entries always kept (beside the sinks).
+    recent: usize,
 }
 
 impl std::fmt::Debug for DistillCache {
@@ -342,6 +344,7 @@ impl std::fmt::Debug for DistillCache {
             .field("kv_heads", &w.kv_heads)
             .field("head_dim", &w.head_dim)
             .field("hidden", &w.hidden)
+            .field("recent", &self.recent)
             .finish()
     }
 }
@@ -350,7 +353,7 @@ impl DistillCache {
     /// A scorer with these (validated) weights.
     pub fn new(weights: DistillWeights) -> Result<Self> {
         weights.validate()?;
-        Ok(DistillCache { weights: Arc::new(weights), source: "given".into() })
+        Ok(DistillCache { weights: Arc::new(weights), source: "given".into(), recent: 0 })
     }
 
     /// The built-in weights ([`BUILTIN`]) or a weights file (read up to [`MAX_FILE_BYTES`]).
@@ -367,7 +370,14 @@ impl DistillCache {
                 other => other,
             })?
         };
-        Ok(DistillCache { weights: Arc::new(weights), source: source.to_string() })
+        Ok(DistillCache { weights: Arc::new(weights), source: source.to_string(), recent: 0 })
+    }
+
+    /// The same scores with the `recent` newest entries always kept: the local context a
+    /// decode step reads most, which a score of each entry alone can rank below older ones.
+    pub fn with_recent(mut self, recent: usize) -> Self {
+        self.recent = recent;
+        self
     }
 
     /// The weights it scores with.
@@ -386,7 +396,7 @@ impl Scorer for DistillCache {
     }
 
     fn protect(&self, _budget: usize) -> Protect {
-        Protect { sinks: SINK_FLAG, recent: 0 }
+        Protect { sinks: SINK_FLAG, recent: self.recent }
     }
 
     fn score(&self, input: &ScoreInput<'_>) -> Result<Scores> {
@@ -446,6 +456,19 @@ mod tests {
         assert!((row(2)[7] - (0.5f32).ln()).abs() < 1e-6);
         assert!((row(1)[8] - 2f32.ln()).abs() < 1e-6);
         assert!((f64::from(row(2)[8]) - 1e-12f64.ln()).abs() < 1e-3);
+    }
+
+    #[test]
+    fn a_recent_window_is_kept_whatever_the_networks_score() {
+        let info = crate::ModelInfo { head_dim: 64, rope_theta: 10000.0 };
+        let policy = crate::build("distillcache:recent=16", &info).unwrap();
+        assert_eq!(policy.protect(100), Protect { sinks: SINK_FLAG, recent: 16 });
+        assert_eq!(crate::build("distillcache", &info).unwrap().protect(100).recent, 0);
+        // scores that fall with the position: without the window the oldest 24 would stay
+        let scores: Vec<f32> = (0..64).map(|j| -(j as f32)).collect();
+        let kept = crate::select_top_k(&scores, 24, policy.protect(24)).unwrap();
+        assert_eq!(kept, (0..8).chain(48..64).collect::<Vec<u32>>());
+        assert!(crate::build("distillcache:recent=-1", &info).is_err());
     }
 
     #[test]
