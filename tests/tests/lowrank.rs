@@ -119,7 +119,7 @@ fn calibrate(model: &Llama, rank: RankSpec, grouping: Grouping) -> LowRankKeys {
     for ids in texts() {
         pollster::block_on(kvslice_runtime::calibrate::add_key_moments(model, &ids, &mut moments)).unwrap();
     }
-    LowRankKeys::calibrate(&moments, &Settings { grouping, ..Settings::new(rank, 1) }).unwrap().0
+    kvslice_model::lowrank::calibrate(&moments, &Settings { grouping, ..Settings::new(rank, 1) }).unwrap().0
 }
 
 const PROMPT: [u32; 12] = [1, 17, 42, 99, 3, 250, 8, 64, 31, 77, 5, 120];

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
-use kvslice_runtime::lowrank::{Allocation, Grouping, KeyMoments, LowRankKeys, RankSpec, Settings, Weighting};
+use kvslice_runtime::lowrank::{Allocation, Grouping, KeyMoments, RankSpec, Settings, Weighting};
 use serde_json::json;
 
 use crate::ModelArgs;
@@ -94,7 +94,8 @@ pub fn run(args: CalibrateArgs, verbose: bool) -> Result<()> {
             t0.elapsed().as_secs_f64()
         );
     }
-    let (keys, reports) = LowRankKeys::calibrate(&moments, &Settings { rank, grouping, weighting, allocation })?;
+    let (keys, reports) =
+        kvslice_runtime::lowrank::calibrate(&moments, &Settings { rank, grouping, weighting, allocation })?;
     let bytes = keys.to_safetensors()?;
     std::fs::write(&args.out, &bytes).with_context(|| format!("writing {}", args.out.display()))?;
     let width = c.num_kv_heads * c.head_dim;

@@ -12,6 +12,10 @@ pub type Result<T, E = FormatError> = std::result::Result<T, E>;
 /// allocates.
 #[derive(Debug, Error)]
 pub enum FormatError {
+    /// A low-rank keys file that is not one, or whose groups and bases do not fit together.
+    #[error("low-rank keys: {0}")]
+    LowRank(String),
+
     /// The input ended before a field could be read.
     #[error("unexpected end of data at byte {offset} while reading {what} (needed {needed} bytes, {available} left)")]
     Truncated { what: &'static str, offset: u64, needed: u64, available: u64 },

@@ -16,6 +16,7 @@ pub mod chat;
 pub mod config;
 mod error;
 pub mod gguf;
+pub mod lowrank;
 pub mod tokenizer;
 pub mod weights;
 

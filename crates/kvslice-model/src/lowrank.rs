@@ -22,12 +22,7 @@
 
 use crate::error::{ModelError, Result};
 
-/// The `format` metadata of a low-rank keys file.
-pub const FORMAT: &str = "kvslice-lowrank";
-/// The `version` metadata of a low-rank keys file.
-pub const VERSION: &str = "1";
-/// Files larger than this are refused before they are parsed.
-pub const MAX_FILE_BYTES: usize = 256 << 20;
+pub use kvslice_formats::lowrank::{FORMAT, KeyGroup, LowRankKeys, MAX_FILE_BYTES, VERSION};
 
 fn bad(reason: impl Into<String>) -> ModelError {
     ModelError::LowRank(reason.into())
@@ -414,28 +409,6 @@ impl Settings {
     }
 }
 
-/// One group of a layer: its KV heads and the orthonormal basis of its keys' subspace.
-#[derive(Clone, Debug, PartialEq)]
-pub struct KeyGroup {
-    /// Ascending KV head indices.
-    pub heads: Vec<usize>,
-    pub rank: usize,
-    /// `[heads.len() · head_dim, rank]` row-major, orthonormal columns (in the scaled space).
-    pub basis: Vec<f32>,
-    /// `[heads.len() · head_dim]`, positive: the latent is `(k ∘ scale) U` and the
-    /// reconstruction `(c Uᵀ) ∘ scale⁻¹` (all ones for [`Weighting::Keys`]).
-    pub scale: Vec<f32>,
-}
-
-/// Low-rank keys for a whole model.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LowRankKeys {
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    /// Per layer, groups that partition its KV heads.
-    pub layers: Vec<Vec<KeyGroup>>,
-}
-
 /// What calibration found for one layer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerReport {
@@ -450,282 +423,77 @@ pub struct LayerReport {
     pub energy: f64,
 }
 
-impl LowRankKeys {
-    /// Groups, bases and ranks from every layer's moments (see the module docs): groups as
-    /// `grouping` forms them, `rank` latent dimensions per layer.
-    pub fn calibrate(moments: &[KeyMoments], settings: &Settings) -> Result<(Self, Vec<LayerReport>)> {
-        let Settings { rank, grouping, weighting, allocation } = *settings;
-        let first = moments.first().ok_or_else(|| bad("no layers to calibrate"))?;
-        let (kv_heads, d) = (first.kv_heads, first.head_dim);
-        if kv_heads == 0 || d == 0 {
-            return Err(bad("a layer without keys"));
-        }
-        if moments.iter().any(|m| m.kv_heads != kv_heads || m.head_dim != d || m.count == 0) {
-            return Err(bad("every layer needs calibration keys of one shape"));
-        }
-        if grouping.size() == 0 {
-            return Err(bad("a group holds at least one head"));
-        }
-        // per layer: CKA, groups, scales, and each group's eigen-decomposition
-        let mut found = Vec::with_capacity(moments.len());
-        for m in moments {
-            let cka = m.cka_matrix();
-            let groups = match grouping {
-                Grouping::Cka(size) => group_heads(&cka, kv_heads, size),
-                Grouping::Adjacent(size) => {
-                    (0..kv_heads).collect::<Vec<_>>().chunks(size).map(<[usize]>::to_vec).collect()
-                }
-            };
-            let scales = groups.iter().map(|g| m.scales(g, weighting)).collect::<Result<Vec<_>>>()?;
-            let eig: Vec<(Vec<f64>, Vec<f64>)> = groups
-                .iter()
-                .zip(&scales)
-                .map(|(g, scale)| {
-                    let (values, vectors) = symmetric_eigen(&m.second_moment(g, scale), g.len() * d);
-                    (values.into_iter().map(|x| x.max(0.0)).collect(), vectors)
-                })
-                .collect();
-            found.push((cka, groups, scales, eig));
-        }
-        let per_layer = rank.dims(kv_heads * d);
-        let ranks: Vec<Vec<usize>> = match allocation {
-            Allocation::PerLayer => found
-                .iter()
-                .map(|(_, _, _, eig)| {
-                    allocate_ranks(&eig.iter().map(|(v, _)| v.clone()).collect::<Vec<_>>(), per_layer)
-                })
-                .collect(),
-            Allocation::Model => {
-                let spectra: Vec<Vec<f64>> =
-                    found.iter().flat_map(|(_, _, _, eig)| eig.iter().map(|(v, _)| v.clone())).collect();
-                let mut flat = allocate_ranks(&spectra, per_layer * moments.len()).into_iter();
-                found.iter().map(|(_, groups, _, _)| flat.by_ref().take(groups.len()).collect()).collect()
-            }
+/// Groups, bases and ranks from every layer's moments (see the module docs): groups as
+/// `grouping` forms them, `rank` latent dimensions per layer.
+pub fn calibrate(moments: &[KeyMoments], settings: &Settings) -> Result<(LowRankKeys, Vec<LayerReport>)> {
+    let Settings { rank, grouping, weighting, allocation } = *settings;
+    let first = moments.first().ok_or_else(|| bad("no layers to calibrate"))?;
+    let (kv_heads, d) = (first.kv_heads, first.head_dim);
+    if kv_heads == 0 || d == 0 {
+        return Err(bad("a layer without keys"));
+    }
+    if moments.iter().any(|m| m.kv_heads != kv_heads || m.head_dim != d || m.count == 0) {
+        return Err(bad("every layer needs calibration keys of one shape"));
+    }
+    if grouping.size() == 0 {
+        return Err(bad("a group holds at least one head"));
+    }
+    // per layer: CKA, groups, scales, and each group's eigen-decomposition
+    let mut found = Vec::with_capacity(moments.len());
+    for m in moments {
+        let cka = m.cka_matrix();
+        let groups = match grouping {
+            Grouping::Cka(size) => group_heads(&cka, kv_heads, size),
+            Grouping::Adjacent(size) => (0..kv_heads).collect::<Vec<_>>().chunks(size).map(<[usize]>::to_vec).collect(),
         };
-        let mut layers = Vec::with_capacity(moments.len());
-        let mut reports = Vec::with_capacity(moments.len());
-        for ((cka, groups, scales, eig), ranks) in found.into_iter().zip(ranks) {
-            let energy: f64 = eig.iter().flat_map(|(v, _)| v).sum();
-            let kept: f64 = eig.iter().zip(&ranks).map(|((v, _), &r)| v[..r].iter().sum::<f64>()).sum();
-            let relative_error = if energy > 0.0 { ((energy - kept) / energy).max(0.0) } else { 0.0 };
-            let layer = groups
-                .iter()
-                .zip(&eig)
-                .zip(&ranks)
-                .zip(&scales)
-                .map(|(((g, (_, vectors)), &r), scale)| {
-                    let n = g.len() * d;
-                    let basis = (0..n).flat_map(|i| (0..r).map(move |k| vectors[i * n + k] as f32)).collect();
-                    let scale = scale.iter().map(|&x| x as f32).collect();
-                    KeyGroup { heads: g.clone(), rank: r, basis, scale }
-                })
-                .collect();
-            layers.push(layer);
-            reports.push(LayerReport { cka, groups, ranks, relative_error, energy });
-        }
-        let keys = LowRankKeys { kv_heads, head_dim: d, layers };
-        keys.validate()?;
-        Ok((keys, reports))
-    }
-
-    /// Latent dimensions of `layer` (what a token's keys take there, against
-    /// `kv_heads · head_dim` uncompressed).
-    pub fn latent_width(&self, layer: usize) -> usize {
-        self.layers.get(layer).map_or(0, |g| g.iter().map(|g| g.rank).sum())
-    }
-
-    /// The projection onto `layer`'s key subspaces, `[w, w]` row-major with
-    /// `w = kv_heads · head_dim`: block `S U_g U_gᵀ S⁻¹` on each group's columns (`S` its
-    /// scales), zero elsewhere. The keys `K P` are every group's reconstruction from its latent.
-    pub fn projector(&self, layer: usize) -> Result<Vec<f32>> {
-        let groups = self.layers.get(layer).ok_or_else(|| bad(format!("no layer {layer}")))?;
-        let (d, w) = (self.head_dim, self.kv_heads * self.head_dim);
-        let mut p = vec![0.0f32; w * w];
-        for g in groups {
-            let cols: Vec<usize> = g.heads.iter().flat_map(|&h| h * d..(h + 1) * d).collect();
-            for (a, &ca) in cols.iter().enumerate() {
-                for (b, &cb) in cols.iter().enumerate() {
-                    let row_a = &g.basis[a * g.rank..(a + 1) * g.rank];
-                    let row_b = &g.basis[b * g.rank..(b + 1) * g.rank];
-                    let uu: f32 = row_a.iter().zip(row_b).map(|(x, y)| x * y).sum();
-                    p[ca * w + cb] = g.scale[a] * uu / g.scale[b];
-                }
-            }
-        }
-        Ok(p)
-    }
-
-    /// Every group partitions its layer's heads, every basis has its shape, finite values and
-    /// orthonormal columns (to 1e-3).
-    pub fn validate(&self) -> Result<()> {
-        let (h, d) = (self.kv_heads, self.head_dim);
-        if h == 0 || d == 0 || h > 4096 || d > 4096 {
-            return Err(bad(format!("{h} KV heads of {d} dimensions")));
-        }
-        for (l, groups) in self.layers.iter().enumerate() {
-            let mut seen = vec![false; h];
-            for g in groups {
-                if g.heads.is_empty() || g.heads.windows(2).any(|w| w[0] >= w[1]) {
-                    return Err(bad(format!("layer {l}: a group's heads must be ascending and distinct")));
-                }
-                for &head in &g.heads {
-                    if head >= h || std::mem::replace(&mut seen[head], true) {
-                        return Err(bad(format!("layer {l}: head {head} is out of range or in two groups")));
-                    }
-                }
-                let n = g.heads.len() * d;
-                if g.rank == 0 || g.rank > n || g.basis.len() != n * g.rank {
-                    return Err(bad(format!("layer {l}: a basis of rank {} for {n} key columns", g.rank)));
-                }
-                if g.basis.iter().any(|x| !x.is_finite()) {
-                    return Err(bad(format!("layer {l}: a basis value is not finite")));
-                }
-                if g.scale.len() != n || g.scale.iter().any(|&x| !(x.is_finite() && x > 0.0 && x.recip().is_finite())) {
-                    return Err(bad(format!("layer {l}: the scales must be {n} positive finite numbers")));
-                }
-                for a in 0..g.rank {
-                    for b in a..g.rank {
-                        let dot: f64 =
-                            (0..n).map(|i| g.basis[i * g.rank + a] as f64 * g.basis[i * g.rank + b] as f64).sum();
-                        let want = if a == b { 1.0 } else { 0.0 };
-                        if (dot - want).abs() > 1e-3 {
-                            return Err(bad(format!("layer {l}: the basis columns are not orthonormal")));
-                        }
-                    }
-                }
-            }
-            if seen.iter().any(|s| !s) {
-                return Err(bad(format!("layer {l}: the groups leave a head out")));
-            }
-        }
-        Ok(())
-    }
-
-    /// The safetensors bytes: per layer and group `layer.{l}.group.{g}.basis` (f32
-    /// `[|g|·d, rank]`), `.scale` (f32 `[|g|·d]`) and `.heads` (i32), the metadata `format`,
-    /// `version`, `layers`, `kv_heads`, `head_dim`.
-    pub fn to_safetensors(&self) -> Result<Vec<u8>> {
-        self.validate()?;
-        let mut owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
-        for (l, groups) in self.layers.iter().enumerate() {
-            for (i, g) in groups.iter().enumerate() {
-                let basis = g.basis.iter().flat_map(|x| x.to_le_bytes()).collect();
-                owned.push((
-                    format!("layer.{l}.group.{i}.basis"),
-                    safetensors::Dtype::F32,
-                    vec![g.heads.len() * self.head_dim, g.rank],
-                    basis,
-                ));
-                let scale = g.scale.iter().flat_map(|x| x.to_le_bytes()).collect();
-                owned.push((format!("layer.{l}.group.{i}.scale"), safetensors::Dtype::F32, vec![g.scale.len()], scale));
-                let heads = g.heads.iter().flat_map(|&h| (h as i32).to_le_bytes()).collect();
-                owned.push((format!("layer.{l}.group.{i}.heads"), safetensors::Dtype::I32, vec![g.heads.len()], heads));
-            }
-        }
-        let views = owned
+        let scales = groups.iter().map(|g| m.scales(g, weighting)).collect::<Result<Vec<_>>>()?;
+        let eig: Vec<(Vec<f64>, Vec<f64>)> = groups
             .iter()
-            .map(|(name, dtype, shape, data)| {
-                safetensors::tensor::TensorView::new(*dtype, shape.clone(), data)
-                    .map(|v| (name.clone(), v))
-                    .map_err(|e| bad(e.to_string()))
+            .zip(&scales)
+            .map(|(g, scale)| {
+                let (values, vectors) = symmetric_eigen(&m.second_moment(g, scale), g.len() * d);
+                (values.into_iter().map(|x| x.max(0.0)).collect(), vectors)
             })
-            .collect::<Result<Vec<_>>>()?;
-        let meta = [
-            ("format", FORMAT.to_string()),
-            ("version", VERSION.to_string()),
-            ("layers", self.layers.len().to_string()),
-            ("kv_heads", self.kv_heads.to_string()),
-            ("head_dim", self.head_dim.to_string()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-        safetensors::serialize(views, Some(meta)).map_err(|e| bad(e.to_string()))
+            .collect();
+        found.push((cka, groups, scales, eig));
     }
-
-    /// Reads a file written by [`LowRankKeys::to_safetensors`]; anything else is an error.
-    pub fn from_safetensors(bytes: &[u8]) -> Result<Self> {
-        if bytes.len() > MAX_FILE_BYTES {
-            return Err(bad(format!("{} bytes: larger than any low-rank keys file ({MAX_FILE_BYTES})", bytes.len())));
+    let per_layer = rank.dims(kv_heads * d);
+    let ranks: Vec<Vec<usize>> = match allocation {
+        Allocation::PerLayer => found
+            .iter()
+            .map(|(_, _, _, eig)| allocate_ranks(&eig.iter().map(|(v, _)| v.clone()).collect::<Vec<_>>(), per_layer))
+            .collect(),
+        Allocation::Model => {
+            let spectra: Vec<Vec<f64>> =
+                found.iter().flat_map(|(_, _, _, eig)| eig.iter().map(|(v, _)| v.clone())).collect();
+            let mut flat = allocate_ranks(&spectra, per_layer * moments.len()).into_iter();
+            found.iter().map(|(_, groups, _, _)| flat.by_ref().take(groups.len()).collect()).collect()
         }
-        let (_, header) =
-            safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(format!("not safetensors: {e}")))?;
-        let meta = header.metadata().clone().unwrap_or_default();
-        if meta.get("format").map(String::as_str) != Some(FORMAT)
-            || meta.get("version").map(String::as_str) != Some(VERSION)
-        {
-            return Err(bad(format!("not low-rank keys (format {FORMAT} version {VERSION} expected)")));
-        }
-        let number = |key: &str, max: usize| -> Result<usize> {
-            meta.get(key)
-                .and_then(|v| v.parse().ok())
-                .filter(|&v: &usize| v > 0 && v <= max)
-                .ok_or_else(|| bad(format!("the metadata's {key} is missing or not a number in 1..={max}")))
-        };
-        let (layers, kv_heads, head_dim) =
-            (number("layers", 4096)?, number("kv_heads", 4096)?, number("head_dim", 4096)?);
-        let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| bad(format!("not safetensors: {e}")))?;
-        let mut out = Vec::with_capacity(layers);
-        for l in 0..layers {
-            let mut groups = Vec::new();
-            for i in 0..kv_heads {
-                let Ok(heads) = st.tensor(&format!("layer.{l}.group.{i}.heads")) else { break };
-                if heads.dtype() != safetensors::Dtype::I32 || heads.shape().len() != 1 {
-                    return Err(bad(format!("layer {l} group {i}: the heads must be an i32 vector")));
-                }
-                let heads: Vec<usize> = heads
-                    .data()
-                    .chunks_exact(4)
-                    .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .map(|h| usize::try_from(h).map_err(|_| bad(format!("layer {l} group {i}: head {h}"))))
-                    .collect::<Result<_>>()?;
-                let basis = st
-                    .tensor(&format!("layer.{l}.group.{i}.basis"))
-                    .map_err(|_| bad(format!("layer {l} group {i}: the basis is missing")))?;
-                let shape = basis.shape();
-                if basis.dtype() != safetensors::Dtype::F32 || shape.len() != 2 || shape[0] != heads.len() * head_dim {
-                    return Err(bad(format!(
-                        "layer {l} group {i}: the basis must be f32 [{} · {head_dim}, rank], is {:?} {:?}",
-                        heads.len(),
-                        basis.dtype(),
-                        shape
-                    )));
-                }
-                let rank = shape[1];
-                let floats = |t: &safetensors::tensor::TensorView<'_>| -> Vec<f32> {
-                    t.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
-                };
-                let scale = st
-                    .tensor(&format!("layer.{l}.group.{i}.scale"))
-                    .map_err(|_| bad(format!("layer {l} group {i}: the scales are missing")))?;
-                if scale.dtype() != safetensors::Dtype::F32 || scale.shape() != [heads.len() * head_dim] {
-                    return Err(bad(format!(
-                        "layer {l} group {i}: the scales must be f32 [{}]",
-                        heads.len() * head_dim
-                    )));
-                }
-                groups.push(KeyGroup { heads, rank, basis: floats(&basis), scale: floats(&scale) });
-            }
-            out.push(groups);
-        }
-        let keys = LowRankKeys { kv_heads, head_dim, layers: out };
-        keys.validate()?;
-        Ok(keys)
+    };
+    let mut layers = Vec::with_capacity(moments.len());
+    let mut reports = Vec::with_capacity(moments.len());
+    for ((cka, groups, scales, eig), ranks) in found.into_iter().zip(ranks) {
+        let energy: f64 = eig.iter().flat_map(|(v, _)| v).sum();
+        let kept: f64 = eig.iter().zip(&ranks).map(|((v, _), &r)| v[..r].iter().sum::<f64>()).sum();
+        let relative_error = if energy > 0.0 { ((energy - kept) / energy).max(0.0) } else { 0.0 };
+        let layer = groups
+            .iter()
+            .zip(&eig)
+            .zip(&ranks)
+            .zip(&scales)
+            .map(|(((g, (_, vectors)), &r), scale)| {
+                let n = g.len() * d;
+                let basis = (0..n).flat_map(|i| (0..r).map(move |k| vectors[i * n + k] as f32)).collect();
+                let scale = scale.iter().map(|&x| x as f32).collect();
+                KeyGroup { heads: g.clone(), rank: r, basis, scale }
+            })
+            .collect();
+        layers.push(layer);
+        reports.push(LayerReport { cka, groups, ranks, relative_error, energy });
     }
-
-    /// Reads a file (at most [`MAX_FILE_BYTES`]).
-    pub fn read(path: &std::path::Path) -> Result<Self> {
-        use std::io::Read;
-        let file = std::fs::File::open(path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
-        let mut bytes = Vec::new();
-        file.take(MAX_FILE_BYTES as u64 + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| bad(format!("{}: {e}", path.display())))?;
-        Self::from_safetensors(&bytes).map_err(|e| match e {
-            ModelError::LowRank(reason) => bad(format!("{}: {reason}", path.display())),
-            other => other,
-        })
-    }
+    let keys = LowRankKeys { kv_heads, head_dim: d, layers };
+    keys.validate()?;
+    Ok((keys, reports))
 }
 
 #[cfg(test)]
@@ -890,9 +658,9 @@ mod tests {
         let large: Vec<f32> = small.iter().map(|x| 10.0 * x).collect();
         let layers = [moments(&small, heads, d), moments(&large, heads, d)];
         let settings = |allocation| Settings { allocation, ..keys_only(RankSpec::Dims(4), Grouping::Cka(1)) };
-        let (per_layer, _) = LowRankKeys::calibrate(&layers, &settings(Allocation::PerLayer)).unwrap();
+        let (per_layer, _) = calibrate(&layers, &settings(Allocation::PerLayer)).unwrap();
         assert_eq!((per_layer.latent_width(0), per_layer.latent_width(1)), (4, 4));
-        let (model, reports) = LowRankKeys::calibrate(&layers, &settings(Allocation::Model)).unwrap();
+        let (model, reports) = calibrate(&layers, &settings(Allocation::Model)).unwrap();
         assert_eq!(model.latent_width(0) + model.latent_width(1), 8);
         // every group keeps one; the rest go to layer 1, whose every eigenvalue is larger
         assert_eq!(model.latent_width(0), 2);
@@ -946,10 +714,7 @@ mod tests {
         for r in [3, 8, 16] {
             let spec = RankSpec::Dims(r);
             let one = |weighting| {
-                LowRankKeys::calibrate(
-                    std::slice::from_ref(&m),
-                    &Settings { weighting, ..keys_only(spec, Grouping::Cka(heads)) },
-                )
+                calibrate(std::slice::from_ref(&m), &Settings { weighting, ..keys_only(spec, Grouping::Cka(heads)) })
             };
             let (by_queries, reports) = one(Weighting::Queries).unwrap();
             let (by_keys, _) = one(Weighting::Keys).unwrap();
@@ -964,7 +729,7 @@ mod tests {
         }
         let mut none = KeyMoments::new(heads, d);
         none.add(&rows).unwrap();
-        assert!(LowRankKeys::calibrate(&[none], &Settings::new(RankSpec::Dims(4), 1)).is_err());
+        assert!(calibrate(&[none], &Settings::new(RankSpec::Dims(4), 1)).is_err());
         assert!(m.clone().add_queries(&[1.0; 10], 2).is_err());
     }
 
@@ -983,8 +748,7 @@ mod tests {
         let total: f64 = sigma2.iter().map(|s| s.max(0.0)).sum();
         for r in [1, 5, 12, 23] {
             let (lr, reports) =
-                LowRankKeys::calibrate(std::slice::from_ref(&m), &keys_only(RankSpec::Dims(r), Grouping::Cka(heads)))
-                    .unwrap();
+                calibrate(std::slice::from_ref(&m), &keys_only(RankSpec::Dims(r), Grouping::Cka(heads))).unwrap();
             assert_eq!(lr.latent_width(0), r);
             let bound = sigma2[r..].iter().map(|s| s.max(0.0)).sum::<f64>() / total;
             let direct = direct_error(&rows, &lr.projector(0).unwrap(), w);
@@ -994,14 +758,13 @@ mod tests {
         // groups of one head cannot beat the bound of the whole layer, and reach it at full rank
         for r in [6, 12] {
             let (lr, reports) =
-                LowRankKeys::calibrate(std::slice::from_ref(&m), &keys_only(RankSpec::Dims(r), Grouping::Cka(1)))
-                    .unwrap();
+                calibrate(std::slice::from_ref(&m), &keys_only(RankSpec::Dims(r), Grouping::Cka(1))).unwrap();
             assert_eq!(reports[0].groups, vec![vec![0], vec![1], vec![2]]);
             let bound = sigma2[r..].iter().map(|s| s.max(0.0)).sum::<f64>() / total;
             let direct = direct_error(&rows, &lr.projector(0).unwrap(), w);
             assert!(direct >= bound - 1e-9 && (direct - reports[0].relative_error).abs() < 1e-5);
         }
-        let (full, _) = LowRankKeys::calibrate(&[m], &keys_only(RankSpec::Fraction(1.0), Grouping::Cka(2))).unwrap();
+        let (full, _) = calibrate(&[m], &keys_only(RankSpec::Fraction(1.0), Grouping::Cka(2))).unwrap();
         let p = full.projector(0).unwrap();
         for a in 0..w {
             for b in 0..w {
@@ -1014,7 +777,7 @@ mod tests {
     fn files_round_trip_and_foreign_files_are_refused() {
         let (heads, d) = (3, 4);
         let layers: Vec<KeyMoments> = (0..2).map(|l| moments(&keys(30, heads, d, 10 + l), heads, d)).collect();
-        let (lr, _) = LowRankKeys::calibrate(&layers, &Settings::new(RankSpec::Fraction(0.5), 2)).unwrap();
+        let (lr, _) = calibrate(&layers, &Settings::new(RankSpec::Fraction(0.5), 2)).unwrap();
         let bytes = lr.to_safetensors().unwrap();
         assert_eq!(LowRankKeys::from_safetensors(&bytes).unwrap(), lr);
         assert!(LowRankKeys::from_safetensors(b"not a file").is_err());
