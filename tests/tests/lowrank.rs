@@ -23,13 +23,10 @@ use kvslice_tests::{cpu, wgpu};
 
 /// Seeded values in [-1, 1).
 fn rng(seed: u64) -> impl FnMut() -> f32 {
-    let mut s = seed;
+    let mut i = 0u64;
     move || {
-        s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        i += 1;
+        (kvslice_runtime::policies::splitmix64(seed, i) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
 }
 
