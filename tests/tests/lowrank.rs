@@ -18,7 +18,7 @@ use kvslice_formats::{ModelConfig, SafetensorsWeights, WeightSource};
 use kvslice_model::Llama;
 use kvslice_model::load::load_llama;
 use kvslice_model::lowrank::{Grouping, KeyMoments, LowRankKeys, RankSpec, Settings};
-use kvslice_runtime::Session;
+use kvslice_runtime::{Compression, CompressionReport, KvCache, Session};
 use kvslice_tests::{cpu, wgpu};
 
 /// Seeded values in [-1, 1).
@@ -202,6 +202,26 @@ fn keys_confined_to_a_subspace_survive_its_rank_wgpu() {
 #[test]
 fn cka_groups_the_heads_that_share_a_subspace() {
     let device = cpu();
+    let weights = paired_weights();
+    let want = logits(&load_llama(&weights, &device).unwrap());
+    let (model, lr) = low_rank(&weights, &device, RankSpec::Fraction(0.5), Grouping::Cka(2));
+    for (l, groups) in lr.layers.iter().enumerate() {
+        let heads: Vec<Vec<usize>> = groups.iter().map(|g| g.heads.clone()).collect();
+        assert_eq!(heads, vec![vec![0, 2], vec![1, 3]], "layer {l}");
+        assert!(groups.iter().all(|g| g.rank == 16), "layer {l}");
+    }
+    let w = worst(&logits(&model), &want);
+    assert!(w <= 1e-3, "CKA's pairs: {w}");
+    // the same rank over the adjacent pairs, as a grouping blind to the keys takes them
+    let (blind, adjacent) = low_rank(&weights, &device, RankSpec::Fraction(0.5), Grouping::Adjacent(2));
+    assert_eq!(adjacent.layers[0][0].heads, vec![0, 1]);
+    let lost = worst(&logits(&blind), &want);
+    eprintln!("half the key width: CKA's pairs {w:.2e}, adjacent pairs {lost:.2e}");
+    assert!(lost > 1e-2, "adjacent pairs: {lost}");
+}
+
+/// The MHA model of [`cka_groups_the_heads_that_share_a_subspace`].
+fn paired_weights() -> Rewritten {
     let mix: Vec<f32> = {
         let mut r = rng(77);
         (0..D * D).map(|i| if i / D == i % D { 1.5 } else { 0.3 * r() }).collect()
@@ -218,22 +238,95 @@ fn cka_groups_the_heads_that_share_a_subspace() {
         }
         rows
     };
-    let weights = model_with(4, keys);
-    let want = logits(&load_llama(&weights, &device).unwrap());
-    let (model, lr) = low_rank(&weights, &device, RankSpec::Fraction(0.5), Grouping::Cka(2));
-    for (l, groups) in lr.layers.iter().enumerate() {
-        let heads: Vec<Vec<usize>> = groups.iter().map(|g| g.heads.clone()).collect();
-        assert_eq!(heads, vec![vec![0, 2], vec![1, 3]], "layer {l}");
-        assert!(groups.iter().all(|g| g.rank == 16), "layer {l}");
+    model_with(4, keys)
+}
+
+/// A prompt longer than the policies' observation windows, and the tokens decoded after it.
+const LONG: usize = 40;
+const DECODED: [u32; 3] = [9, 44, 130];
+
+/// Prefills the long prompt, compresses it with `compression` (the whole cache when `None`),
+/// and decodes [`DECODED`]: each step's logits, the session's cache and the report.
+fn decode_after(
+    model: &Llama,
+    compression: Option<&Compression>,
+) -> (Vec<Vec<f32>>, KvCache, Option<CompressionReport>) {
+    let prompt: Vec<u32> = (0..LONG as u32).map(|i| i * 37 % 250 + 1).collect();
+    let request = compression.map(|c| c.request(model.config.num_layers)).unwrap_or_default();
+    let prefilled = pollster::block_on(Session::prefill_for(model, &prompt, &request)).unwrap();
+    let (mut session, report) = pollster::block_on(Session::resume(model, &prefilled, compression, 8)).unwrap();
+    let out = DECODED.iter().map(|&t| pollster::block_on(session.next_logits(&[t])).unwrap()).collect();
+    (out, session.cache().clone(), report)
+}
+
+/// Every layer's latent groups ({0, 2} and {1, 3}) share their positions.
+fn groups_share_positions(cache: &KvCache) {
+    for (l, layer) in cache.layers().iter().enumerate() {
+        assert!(layer.latent_layout().is_some(), "layer {l} stores whole keys");
+        for (a, b) in [(0, 2), (1, 3)] {
+            assert_eq!(layer.head_positions(a), layer.head_positions(b), "layer {l}, heads {a} and {b}");
+        }
     }
-    let w = worst(&logits(&model), &want);
-    assert!(w <= 1e-3, "CKA's pairs: {w}");
-    // the same rank over the adjacent pairs, as a grouping blind to the keys takes them
-    let (blind, adjacent) = low_rank(&weights, &device, RankSpec::Fraction(0.5), Grouping::Adjacent(2));
-    assert_eq!(adjacent.layers[0][0].heads, vec![0, 1]);
-    let lost = worst(&logits(&blind), &want);
-    eprintln!("half the key width: CKA's pairs {w:.2e}, adjacent pairs {lost:.2e}");
-    assert!(lost > 1e-2, "adjacent pairs: {lost}");
+}
+
+/// The CKA-paired MHA model at half the key width, its cache holding latents (16 per pair of
+/// heads for each token, against 2 × 16 key elements) beside the values:
+/// - the whole cache: the key bytes are half the whole keys' (counted from the storage), and
+///   the logits of three decode steps those of the same model caching whole keys;
+/// - SnapKV at 50% (one set per pair, aligned from the per-head choice): the logits those of
+///   whole keys over the same kept entries;
+/// - H2O at 20 entries (decode-time eviction): every step writes one slot per pair.
+fn latent_storage(device: Device) {
+    let weights = paired_weights();
+    let (mut model, _) = low_rank(&weights, &device, RankSpec::Fraction(0.5), Grouping::Cka(2));
+    let layers = model.config.num_layers;
+    let tokens = LONG + DECODED.len();
+    let (latent, cache, _) = decode_after(&model, None);
+    groups_share_positions(&cache);
+    // per token and layer: 2 latents of 16 and 4 values of 16, in f32
+    assert_eq!(cache.occupied_bytes(), layers * tokens * (2 * 16 + 4 * D) * 4);
+    model.set_latent_storage(false);
+    let (whole, whole_cache, _) = decode_after(&model, None);
+    assert!(whole_cache.layers().iter().all(|l| l.latent_layout().is_none()));
+    assert_eq!(whole_cache.occupied_bytes(), layers * tokens * (4 * D + 4 * D) * 4);
+    let w = worst(&latent, &whole);
+    assert!(w <= 1e-4, "whole cache, latent against whole keys: {w}");
+
+    model.set_latent_storage(true);
+    let info = Compression::model_info(&model);
+    let snapkv = Compression::new("snapkv:window=8", "50%", &info).unwrap();
+    let (latent, cache, report) = decode_after(&model, Some(&snapkv));
+    groups_share_positions(&cache);
+    let report = report.unwrap();
+    for (l, kept) in report.kept.iter().enumerate() {
+        assert_eq!(kept[0], kept[2], "layer {l}");
+        assert_eq!(kept[1], kept[3], "layer {l}");
+    }
+    assert_eq!(report.compressed_bytes, cache.storage_bytes());
+    // whole keys over the same entries
+    let prompt: Vec<u32> = (0..LONG as u32).map(|i| i * 37 % 250 + 1).collect();
+    let prefilled = pollster::block_on(Session::prefill_for(&model, &prompt, &snapkv.request(layers))).unwrap();
+    let same = kvslice_runtime::evict::compress_cache(&prefilled.cache, &report.kept, 8, 0).unwrap();
+    let mut session = Session::from_cache(&model, same, LONG as u32);
+    let whole: Vec<Vec<f32>> =
+        DECODED.iter().map(|&t| pollster::block_on(session.next_logits(&[t])).unwrap()).collect();
+    let w = worst(&latent, &whole);
+    assert!(w <= 1e-4, "SnapKV at 50%, latent against whole keys: {w}");
+
+    let h2o = Compression::new("h2o", "20", &info).unwrap();
+    let (_, cache, _) = decode_after(&model, Some(&h2o));
+    groups_share_positions(&cache);
+    assert!(cache.layers().iter().all(|l| l.lens().iter().all(|&n| n == 20)));
+}
+
+#[test]
+fn latent_keys_halve_the_key_bytes_and_keep_the_logits_cpu() {
+    latent_storage(cpu());
+}
+
+#[test]
+fn latent_keys_halve_the_key_bytes_and_keep_the_logits_wgpu() {
+    latent_storage(wgpu());
 }
 
 #[test]

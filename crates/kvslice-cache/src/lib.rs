@@ -7,15 +7,24 @@
 //! the other entries. Appends write in place into the preallocated storage; no tensor is
 //! concatenated per token.
 //!
+//! A layer may hold its keys as low-rank latents instead ([`LayerKv::with_latent_keys`],
+//! [`latent`]): each group of KV heads stores one latent row per slot, and reads rebuild and
+//! rotate the keys. Every read ([`LayerKv::view`], [`LayerKv::dense`]) gives the same f32 keys
+//! whatever the storage.
+//!
 //! # Invariants (verified by [`LayerKv::check`]; metadata replacements are validated first)
 //! - `lens[h] <= capacity` for every head;
 //! - `positions[h * capacity + s]` is the source position of slot `s` of head `h` for
 //!   `s < lens[h]`, and [`EMPTY_SLOT`] beyond;
-//! - within a head, occupied slots hold distinct source positions.
+//! - within a head, occupied slots hold distinct source positions;
+//! - with latent keys, the heads of a group hold the same lengths and positions.
 
 use burn::tensor::{DType, Device, FloatDType, Int, Tensor, TensorData};
 
+mod latent;
 mod quant;
+use latent::LatentKv;
+pub use latent::{GroupBasis, LatentGroup, LatentLayout, RopeTable};
 use quant::QuantKv;
 pub use quant::{KEY_GROUP, KvDtype, VALUE_GROUP, quantize_group, value_group};
 
@@ -108,6 +117,8 @@ enum Store {
     Dense { keys: Tensor<3>, values: Tensor<3> },
     /// Codes, steps and the full-precision residual ([`quant`]).
     Quant(QuantKv),
+    /// Keys as their groups' low-rank latents, values dense ([`latent`]).
+    Latent(LatentKv),
 }
 
 impl LayerKv {
@@ -135,6 +146,8 @@ impl LayerKv {
             Store::Dense { .. } => KvDtype::F32,
             Store::Quant(q) if q.bits == 8 => KvDtype::Q8,
             Store::Quant(_) => KvDtype::Q4,
+            Store::Latent(l) if l.values.dtype() == DType::F16 => KvDtype::F16,
+            Store::Latent(_) => KvDtype::F32,
         }
     }
 
@@ -143,6 +156,7 @@ impl LayerKv {
         match &self.store {
             Store::Dense { keys, .. } => keys.device(),
             Store::Quant(q) => q.k_step.device(),
+            Store::Latent(l) => l.values.device(),
         }
     }
 
@@ -157,6 +171,8 @@ impl LayerKv {
                 let scale = q.k_step.dtype().size();
                 2 * d * q.bits as usize / 8 + 2 * (d / value_group(d)) * scale + (2 * d * scale).div_ceil(KEY_GROUP)
             }
+            // a value and the head's share of its group's latent row
+            Store::Latent(l) => l.bytes(1).div_ceil(self.kv_heads),
         }
     }
 
@@ -166,6 +182,7 @@ impl LayerKv {
         match &self.store {
             Store::Dense { keys, .. } => self.kv_heads * self.capacity * 2 * self.head_dim * keys.dtype().size(),
             Store::Quant(q) => q.bytes(),
+            Store::Latent(l) => l.bytes(self.capacity),
         }
     }
 
@@ -174,6 +191,7 @@ impl LayerKv {
         match &self.store {
             Store::Dense { .. } => self.lens.iter().sum::<usize>() * self.entry_bytes(),
             Store::Quant(q) => q.occupied_bytes(&self.lens, self.head_dim),
+            Store::Latent(l) => l.occupied_bytes(&self.lens),
         }
     }
 
@@ -244,6 +262,44 @@ impl LayerKv {
                     None => (k, v),
                 }
             }
+            Store::Latent(l) => {
+                let v = l.values.clone().narrow(1, 0, n);
+                let v = if v.dtype() == DType::F32 { v } else { v.cast(FloatDType::F32) };
+                (l.keys(n, &self.positions, self.capacity), v)
+            }
+        }
+    }
+
+    /// This layer with its keys stored as `layout`'s latents (values as they are): a dense f32
+    /// or f16 layer whose heads share, within each group, their lengths and positions.
+    pub fn with_latent_keys(&self, layout: &LatentLayout) -> Result<LayerKv> {
+        if layout.kv_heads() != self.kv_heads || layout.head_dim() != self.head_dim {
+            return Err(CacheError::Geometry(format!(
+                "latent keys for {} KV heads × {}, the layer has {} × {}",
+                layout.kv_heads(),
+                layout.head_dim(),
+                self.kv_heads,
+                self.head_dim
+            )));
+        }
+        let Store::Dense { keys, values } = &self.store else {
+            return Err(CacheError::Dtype(format!("latent keys store f32 or f16 entries, not {}", self.dtype())));
+        };
+        let latent = LatentKv::encode(layout, keys, values.clone(), &self.positions, self.capacity)?;
+        if let Err(head) = latent.aligned(&self.lens, &self.positions, self.capacity) {
+            return Err(CacheError::BadKeep {
+                head,
+                reason: "the heads of a latent group must share their slots".into(),
+            });
+        }
+        Ok(LayerKv { store: Store::Latent(latent), ..self.clone_meta() })
+    }
+
+    /// The latent layout when the layer stores its keys as latents.
+    pub fn latent_layout(&self) -> Option<&LatentLayout> {
+        match &self.store {
+            Store::Latent(l) => Some(&l.layout),
+            _ => None,
         }
     }
 
@@ -253,6 +309,18 @@ impl LayerKv {
     pub fn converted(&self, dtype: KvDtype) -> Result<LayerKv> {
         if dtype == self.dtype() {
             return Ok(self.clone());
+        }
+        if let Store::Latent(l) = &self.store {
+            let latent = match dtype {
+                KvDtype::F32 => l.cast(FloatDType::F32),
+                KvDtype::F16 if self.device().supports_dtype(DType::F16) => l.cast(FloatDType::F16),
+                other => {
+                    return Err(CacheError::Dtype(format!(
+                        "latent keys store f32 or f16 entries (on a device with f16), not {other}"
+                    )));
+                }
+            };
+            return Ok(LayerKv { store: Store::Latent(latent), ..self.clone_meta() });
         }
         let (keys, values) = self.dense();
         let store = match dtype {
@@ -310,6 +378,10 @@ impl LayerKv {
         let dtype = self.dtype();
         let mut dense = self.to_f32();
         let out = op(&mut dense)?;
+        if let Some(layout) = self.latent_layout().cloned() {
+            *self = dense.converted(dtype)?.with_latent_keys(&layout)?;
+            return Ok(out);
+        }
         *self = match dtype.bits() {
             Some(bits) => {
                 let sealed = sealed.unwrap_or_else(|| dense.lens.iter().map(|&l| l / KEY_GROUP * KEY_GROUP).collect());
@@ -349,6 +421,8 @@ impl LayerKv {
             }
             let starts: Vec<usize> = self.lens.iter().zip(&q.sealed).map(|(l, s)| l - s).collect();
             self.write_residual(&starts, keys, values)?;
+        } else if let Store::Latent(l) = &mut self.store {
+            l.write(&self.lens, &keys, values, positions)?;
         } else {
             let starts: Vec<usize> = self.lens.clone();
             self.write_rows(&starts, keys, values)?;
@@ -420,7 +494,28 @@ impl LayerKv {
             lens.push(kept.len());
             head_positions.push(pos);
         }
-        let Store::Dense { keys, values } = &self.store else { unreachable!("quantized layers returned above") };
+        if let Store::Latent(l) = &self.store {
+            let index: Vec<Vec<i32>> = index.chunks(capacity).map(<[i32]>::to_vec).collect();
+            for g in l.layout.groups() {
+                if let Some(&h) = g.heads().iter().find(|&&h| index[h] != index[g.heads()[0]]) {
+                    return Err(CacheError::BadKeep {
+                        head: h,
+                        reason: "the heads of a latent group must keep the same slots".into(),
+                    });
+                }
+            }
+            let mut out = LayerKv {
+                store: Store::Latent(l.gather(&index, capacity)),
+                lens: vec![0; self.kv_heads],
+                positions: vec![EMPTY_SLOT; self.kv_heads * capacity],
+                kv_heads: self.kv_heads,
+                capacity,
+                head_dim: self.head_dim,
+            };
+            out.set_metadata(lens, head_positions)?;
+            return Ok(out);
+        }
+        let Store::Dense { keys, values } = &self.store else { unreachable!("other layers returned above") };
         let device = keys.device();
         let d = self.head_dim;
         let idx = Tensor::<1, Int>::from_data(TensorData::new(index, [self.kv_heads * capacity]), &device)
@@ -532,6 +627,8 @@ impl LayerKv {
             }
             let starts: Vec<usize> = slots.iter().zip(&q.sealed).map(|(s, sealed)| s - sealed).collect();
             self.write_residual(&starts, keys, values)?;
+        } else if let Store::Latent(l) = &mut self.store {
+            l.write(slots, &keys, values, &[position])?;
         } else {
             self.write_rows(slots, keys, values)?;
         }
@@ -549,7 +646,7 @@ impl LayerKv {
     fn write_rows(&mut self, starts: &[usize], keys: Tensor<3>, values: Tensor<3>) -> Result<()> {
         match &mut self.store {
             Store::Dense { keys: k, values: v } => write_rows_into(k, v, starts, keys, values),
-            Store::Quant(_) => Err(CacheError::Geometry("row writes into quantized storage".into())),
+            Store::Quant(_) | Store::Latent(_) => Err(CacheError::Geometry("row writes into encoded storage".into())),
         }
     }
 
@@ -578,6 +675,19 @@ impl LayerKv {
                 return Err(CacheError::BadKeep { head: h, reason: "duplicate or empty source position".into() });
             }
         }
+        if let Store::Latent(l) = &self.store {
+            let mut positions = vec![EMPTY_SLOT; self.kv_heads * self.capacity];
+            for (h, pos) in head_positions.iter().enumerate() {
+                positions[h * self.capacity..h * self.capacity + pos.len()].copy_from_slice(pos);
+            }
+            if let Err(head) = l.aligned(&lens, &positions, self.capacity) {
+                return Err(CacheError::BadKeep {
+                    head,
+                    reason: "the heads of a latent group must share their slots".into(),
+                });
+            }
+            l.layout.check_positions(&positions)?;
+        }
         self.positions.fill(EMPTY_SLOT);
         for (h, pos) in head_positions.iter().enumerate() {
             let at = h * self.capacity;
@@ -604,6 +714,14 @@ impl LayerKv {
             if seen.windows(2).any(|w| w[0] == w[1]) {
                 return Err(CacheError::BadKeep { head: h, reason: "duplicate source position".into() });
             }
+        }
+        if let Store::Latent(l) = &self.store
+            && let Err(head) = l.aligned(&self.lens, &self.positions, self.capacity)
+        {
+            return Err(CacheError::BadKeep {
+                head,
+                reason: "the heads of a latent group must share their slots".into(),
+            });
         }
         Ok(())
     }
@@ -818,6 +936,22 @@ impl KvCache {
         Ok(())
     }
 
+    /// Every layer's keys stored as its latents ([`LayerKv::with_latent_keys`]; `layouts`:
+    /// one per layer), one layer at a time.
+    pub fn with_latent_keys(&mut self, layouts: &[LatentLayout]) -> Result<()> {
+        if layouts.len() != self.layers.len() {
+            return Err(CacheError::Geometry(format!(
+                "latent keys for {} layers, the cache has {}",
+                layouts.len(),
+                self.layers.len()
+            )));
+        }
+        for (layer, layout) in self.layers.iter_mut().zip(layouts) {
+            *layer = layer.with_latent_keys(layout)?;
+        }
+        Ok(())
+    }
+
     pub fn layer_mut(&mut self, layer: usize) -> Result<&mut LayerKv> {
         let layers = self.layers.len();
         self.layers.get_mut(layer).ok_or(CacheError::LayerOutOfRange { layer, layers })
@@ -838,7 +972,12 @@ impl KvCache {
                 .iter()
                 .zip(lens)
                 .all(|(l, to)| to.len() == l.kv_heads && l.lens.iter().zip(to).all(|(&now, &to)| to <= now));
-        if !fits {
+        let splits_group = self.layers.iter().zip(lens).any(|(l, to)| {
+            l.latent_layout().is_some_and(|layout| {
+                layout.groups().iter().any(|g| g.heads().iter().any(|&h| to[h] != to[g.heads()[0]]))
+            })
+        });
+        if !fits || splits_group {
             return Err(CacheError::BadKeep { head: 0, reason: "truncation mark does not fit the cache".into() });
         }
         for (l, to) in self.layers.iter_mut().zip(lens) {

@@ -53,6 +53,11 @@ pub(crate) struct ModelArgs {
     /// from the latent, rotated by RoPE after it.
     #[arg(long)]
     low_rank_keys: Option<PathBuf>,
+    /// How the cache holds low-rank keys after the prefill: `latent` (each group's latent row,
+    /// shared by its heads, which then keep the same entries) or `full` (every head's rebuilt
+    /// key, evicted per head).
+    #[arg(long, default_value = "latent", value_parser = ["latent", "full"], requires = "low_rank_keys")]
+    key_storage: String,
 }
 
 #[derive(clap::Args, Clone)]
@@ -432,6 +437,7 @@ pub(crate) fn open(args: &ModelArgs, verbose: bool) -> Result<LoadedModel> {
     if let Some(path) = &args.low_rank_keys {
         let keys = kvslice_runtime::lowrank::LowRankKeys::read(path)?;
         loaded.model.set_low_rank_keys(&keys).with_context(|| format!("--low-rank-keys {}", path.display()))?;
+        loaded.model.set_latent_storage(args.key_storage == "latent");
     }
     if verbose {
         let c = &loaded.model.config;

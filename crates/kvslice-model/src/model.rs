@@ -240,6 +240,10 @@ pub struct Llama {
     /// Per layer, the latent dimensions of the low-rank keys folded in
     /// ([`Llama::set_low_rank_keys`]).
     low_rank_keys: Option<Vec<usize>>,
+    /// Per layer, how a cache stores those keys as their latents.
+    latent_layouts: Option<Vec<kvslice_cache::LatentLayout>>,
+    /// Whether caches built for this model store the low-rank keys as latents.
+    latent_storage: bool,
 }
 
 /// The default [`Llama::set_prefill_chunk`]: activations stay bounded by 512 rows whatever the
@@ -276,6 +280,8 @@ impl Llama {
             tiled_products,
             prefill_chunk,
             low_rank_keys: None,
+            latent_layouts: None,
+            latent_storage: true,
         })
     }
 
@@ -304,6 +310,25 @@ impl Llama {
         if self.low_rank_keys.is_some() {
             return Err(ModelError::LowRank("the model's keys are low-rank already".into()));
         }
+        let positions: Vec<u32> = (0..c.max_position_embeddings.max(1) as u32).collect();
+        let (cos, sin) = rope::tables(&self.inv_freq, &positions);
+        let table = std::sync::Arc::new(kvslice_cache::RopeTable::new(cos, sin, c.head_dim / 2, &self.device)?);
+        let layouts = keys
+            .layers
+            .iter()
+            .map(|groups| {
+                let groups: Vec<_> = groups
+                    .iter()
+                    .map(|g| kvslice_cache::GroupBasis {
+                        heads: &g.heads,
+                        rank: g.rank,
+                        basis: &g.basis,
+                        scale: &g.scale,
+                    })
+                    .collect();
+                kvslice_cache::LatentLayout::new(c.num_kv_heads, c.head_dim, &groups, table.clone(), &self.device)
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
         let mut folded = Vec::with_capacity(c.num_layers);
         for (l, layer) in self.weights.layers.iter().enumerate() {
@@ -324,7 +349,20 @@ impl Llama {
             layer.self_attn.qkv_proj = proj;
         }
         self.low_rank_keys = Some((0..c.num_layers).map(|l| keys.latent_width(l)).collect());
+        self.latent_layouts = Some(layouts);
         Ok(())
+    }
+
+    /// Per layer, how the runtime's caches store the low-rank keys as their latents (the key
+    /// bytes of a token become its latent width's): `None` without low-rank keys or with
+    /// [`Llama::set_latent_storage`] off, when caches hold the rebuilt keys whole.
+    pub fn latent_layouts(&self) -> Option<&[kvslice_cache::LatentLayout]> {
+        self.latent_layouts.as_deref().filter(|_| self.latent_storage)
+    }
+
+    /// Whether caches store low-rank keys as latents (the default) or whole.
+    pub fn set_latent_storage(&mut self, on: bool) {
+        self.latent_storage = on;
     }
 
     /// Per layer, the latent dimensions a token's keys span when low-rank keys are set (against

@@ -362,7 +362,9 @@ async fn compressed_prefill<'m>(
 ) -> Result<(Session<'m>, u32, CompressionReport)> {
     // (a prompt shorter than the observation window is kept whole by the one-shot path)
     #[cfg(not(target_family = "wasm"))]
-    if compression.cascades() && prompt.len() >= compression.policy().needs().window {
+    // (latent keys share their slots within a group: the one-shot plan aligns the groups)
+    if compression.cascades() && model.latent_layouts().is_none() && prompt.len() >= compression.policy().needs().window
+    {
         let (cache, eviction, hidden, report) =
             crate::evict::cascade::prefill(compression, model, prompt, max_new_tokens)?;
         let session = Session::with_eviction(model, cache, prompt.len() as u32, eviction).with_history(prompt);

@@ -162,7 +162,10 @@ impl<'m> Session<'m> {
                 let all: Vec<Vec<Vec<u32>>> = (0..model.config.num_layers)
                     .map(|_| vec![(0..n as u32).collect(); model.config.num_kv_heads])
                     .collect();
-                let cache = crate::evict::compress_cache(&prefilled.cache, &all, max_new_tokens, 0)?;
+                let mut cache = crate::evict::compress_cache(&prefilled.cache, &all, max_new_tokens, 0)?;
+                if let Some(layouts) = model.latent_layouts() {
+                    cache.with_latent_keys(layouts)?;
+                }
                 Ok((Session::from_cache(model, cache, n as u32).with_history(&prefilled.prompt), None))
             }
             Some(c) => {

@@ -244,6 +244,26 @@ impl Compression {
         self.policy.plan(&inputs, &self.spec).map_err(|e| RuntimeError::Options(format!("{}: {e}", self.label())))
     }
 
+    /// With latent keys ([`Llama::latent_layouts`]), makes the heads of every latent group keep
+    /// one set ([`super::latent::align_kept`]), ranked by the policy's scores where it has them.
+    fn align_to_groups(&self, plan: &mut Plan, stats: &[HostLayerStats], layouts: &[kvslice_cache::LatentLayout]) {
+        let needs = self.policy.needs();
+        for (l, (kept, layout)) in plan.kept.iter_mut().zip(layouts).enumerate() {
+            let aligned = layout.groups().iter().all(|g| g.heads().iter().all(|&h| kept[h] == kept[g.heads()[0]]));
+            if aligned {
+                continue;
+            }
+            let scores = stats[l]
+                .window(needs.window)
+                .and_then(|w| self.policy.score_layer(&LayerInput::new(w).at(l), plan.budget.per_layer).ok())
+                .flatten();
+            super::latent::align_kept(kept, layout, |h, x| {
+                scores.as_ref().and_then(|s| s.row(h).get(x as usize).copied()).unwrap_or(0.0)
+            });
+            plan.budgets[l] = kept.iter().map(Vec::len).collect();
+        }
+    }
+
     /// Initial per-slot decode scores of the kept entries (`[layer][kv_head][slot]`), for the
     /// decode rules that rank by scores.
     pub(crate) fn initial_scores(&self, stats: &[HostLayerStats], plan: &Plan) -> Result<Vec<Vec<Vec<f32>>>> {
@@ -347,16 +367,22 @@ pub async fn compress(
     max_new_tokens: usize,
 ) -> Result<(KvCache, Option<DecodeEviction>, CompressionReport)> {
     if full.max_len() < compression.policy().needs().window {
-        return keep_whole(full, max_new_tokens, compression.kv_dtype);
+        return keep_whole(full, max_new_tokens, compression.kv_dtype, model);
     }
     let t0 = now();
-    let plan = compression.plan(stats, full, model).await?;
+    let mut plan = compression.plan(stats, full, model).await?;
+    if let Some(layouts) = model.latent_layouts() {
+        compression.align_to_groups(&mut plan, stats, layouts);
+    }
     let t1 = now();
     let rule = compression.decode_rule(plan.budget.per_layer);
     let (extra, min_capacity) = compression.room(&rule, plan.budget.per_layer, full.max_len(), max_new_tokens);
     let mut cache = compress_cache(full, &plan.kept, extra, min_capacity)?;
     let renumbered = if compression.policy().rerotates_keys() { Some(renumber(&mut cache, model)?) } else { None };
     cache.convert(compression.kv_dtype)?;
+    if let Some(layouts) = model.latent_layouts() {
+        cache.with_latent_keys(layouts)?;
+    }
     cache_sync(&cache)?;
     let t2 = now();
     let scores =
@@ -413,6 +439,7 @@ fn keep_whole(
     full: &KvCache,
     max_new_tokens: usize,
     dtype: KvDtype,
+    model: &Llama,
 ) -> Result<(KvCache, Option<DecodeEviction>, CompressionReport)> {
     let g = full.geometry();
     let n = full.max_len();
@@ -420,6 +447,9 @@ fn keep_whole(
     let t0 = now();
     let mut cache = compress_cache(full, &kept, max_new_tokens, 0)?;
     cache.convert(dtype)?;
+    if let Some(layouts) = model.latent_layouts() {
+        cache.with_latent_keys(layouts)?;
+    }
     let report = CompressionReport {
         kept_entries: g.layers * g.kv_heads * n,
         kept,

@@ -535,7 +535,10 @@ impl KvStore for EvictingStore<'_> {
         }
         let layers = self.cache.geometry().layers;
         let kv = self.cache.layer(layer)?;
-        if let Some((slots, cursor)) = self.eviction.state.compaction(layer, layers, kv) {
+        if let Some((mut slots, cursor)) = self.eviction.state.compaction(layer, layers, kv) {
+            if let Some(layout) = kv.latent_layout() {
+                super::latent::align_kept(&mut slots, layout, |_, _| 0.0);
+            }
             let evicted: usize = kv.lens().iter().zip(&slots).map(|(&n, k)| n - k.len().min(n)).sum();
             self.cache.layer_mut(layer)?.compact(&slots)?;
             self.eviction.state.compacted(layer, cursor);
@@ -543,12 +546,16 @@ impl KvStore for EvictingStore<'_> {
             return self.cache.append(layer, keys, values, positions);
         }
         let cap = kv.capacity();
-        let slots: Vec<usize> = (0..kv.lens().len())
+        let mut slots: Vec<usize> = (0..kv.lens().len())
             .map(|h| {
                 let len = kv.lens()[h];
                 if len < cap { len } else { self.eviction.state.victim(layer, h, kv.head_positions(h), positions[0]) }
             })
             .collect();
+        if let Some(layout) = kv.latent_layout() {
+            let state = &self.eviction.state;
+            super::latent::align_victims(&mut slots, layout, |h, s| state.scores(layer, h).get(s).copied());
+        }
         let full = kv.lens().iter().filter(|&&len| len >= cap).count();
         self.cache.layer_mut(layer)?.write_slots(&slots, keys, values, positions[0])?;
         for (h, &s) in slots.iter().enumerate() {

@@ -5,7 +5,9 @@
 //! the kept positions of every (layer, KV head), and [`compress_cache`] gathers them into new,
 //! smaller storage: the full cache is then dropped, so the memory is really freed. Keys are
 //! stored after RoPE, so decoding continues at the original positions over ragged per-head
-//! caches.
+//! caches. With latent keys ([`kvslice_model::Llama::latent_layouts`]) the heads of a latent
+//! group share one set of entries, and each choice per head becomes one per group
+//! ([`latent`]).
 //!
 //! Decode-time policies (StreamingLLM, H2O, TOVA, LaCache) keep the cache at its budget while
 //! decoding: a new token takes the slot of the entry the policy evicts ([`DecodeEviction`]).
@@ -17,6 +19,7 @@ mod attention;
 pub(crate) mod cascade;
 mod compress;
 mod decode;
+mod latent;
 pub mod observe;
 mod recompress;
 pub(crate) mod reconstruct;

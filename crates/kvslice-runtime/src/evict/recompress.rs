@@ -204,7 +204,7 @@ impl Recompressor {
                 .score_layer(&input, most)
                 .map_err(|e| RuntimeError::Options(format!("layer {l}: {e}")))?
                 .ok_or_else(|| RuntimeError::Options("decode-time recompression needs a scored policy".into()))?;
-            targets
+            let mut kept: Vec<Vec<u32>> = targets
                 .iter()
                 .enumerate()
                 .map(|(h, &k)| {
@@ -212,7 +212,13 @@ impl Recompressor {
                     select_top_k(scores.row(h), k, Protect { sinks, recent })
                         .map_err(|e| RuntimeError::Options(format!("layer {l}, head {h}: {e}")))
                 })
-                .collect::<Result<_>>()?
+                .collect::<Result<_>>()?;
+            if let Some(layout) = layer.latent_layout() {
+                super::latent::align_kept(&mut kept, layout, |h, s| {
+                    scores.row(h).get(s as usize).copied().unwrap_or(0.0)
+                });
+            }
+            kept
         };
         let evicted = kept.iter().map(|k| n - k.len()).sum();
         cache.layer_mut(l)?.compact(&kept)?;
