@@ -191,6 +191,19 @@ impl Policy {
     /// Runs the whole policy on a prefilled prompt (one-shot; see [`crate::alloc::CakeCascade`]
     /// for CAKE's layer-by-layer form).
     pub fn plan(&self, layers: &[LayerInput<'_>], spec: &BudgetSpec) -> Result<Plan> {
+        self.plan_grouped(layers, spec, None)
+    }
+
+    /// [`Policy::plan`] for a cache whose heads share slots in groups (`groups[l]`: layer
+    /// `l`'s groups of KV heads): each layer's scores are pooled over every group
+    /// ([`Scores::pool_groups`]) before the budgets are allocated and the entries selected, so
+    /// the policy's own structure (spans, pooling, protected positions) shapes one set per group.
+    pub fn plan_grouped(
+        &self,
+        layers: &[LayerInput<'_>],
+        spec: &BudgetSpec,
+        groups: Option<&[Vec<Vec<usize>>]>,
+    ) -> Result<Plan> {
         let first = layers.first().ok_or(PolicyError::ShapeMismatch { what: "layers", expected: 1, got: 0 })?;
         let n = first.stats.len;
         // the protected set may depend on the budget (H2O's recent share): resolve once without it
@@ -202,7 +215,13 @@ impl Policy {
                 let scores = layers
                     .iter()
                     .enumerate()
-                    .map(|(i, l)| Ok(self.score_layer(&l.at(i), budget.per_layer)?.expect("scored policy")))
+                    .map(|(i, l)| {
+                        let mut s = self.score_layer(&l.at(i), budget.per_layer)?.expect("scored policy");
+                        if let Some(g) = groups.and_then(|g| g.get(i)) {
+                            s.pool_groups(g);
+                        }
+                        Ok(s)
+                    })
                     .collect::<Result<Vec<_>>>()?;
                 let ls: Vec<LayerScores<'_>> =
                     layers.iter().zip(&scores).map(|(l, s)| LayerScores { stats: l.stats, scores: s }).collect();

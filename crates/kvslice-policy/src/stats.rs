@@ -450,6 +450,26 @@ impl Scores {
     pub fn row_mut(&mut self, h: usize) -> &mut [f32] {
         &mut self.data[h * self.len..(h + 1) * self.len]
     }
+
+    /// Gives every head of each group (`groups`: disjoint lists of heads; heads in none stay
+    /// as they are) the mean of the group's rows, so that a selection per head keeps one set
+    /// per group: heads that share their cache slots (latent keys) rank them together.
+    pub fn pool_groups(&mut self, groups: &[Vec<usize>]) {
+        let heads = self.kv_heads;
+        for g in groups.iter().filter(|g| g.len() > 1 && g.iter().all(|&h| h < heads)) {
+            let mut mean = vec![0.0f32; self.len];
+            for &h in g {
+                for (m, &x) in mean.iter_mut().zip(self.row(h)) {
+                    *m += x;
+                }
+            }
+            let k = g.len() as f32;
+            mean.iter_mut().for_each(|m| *m /= k);
+            for &h in g {
+                self.row_mut(h).copy_from_slice(&mean);
+            }
+        }
+    }
 }
 
 /// How a GQA group's query heads are reduced to their KV head.
@@ -480,4 +500,28 @@ pub fn reduce_groups(table: &[f32], heads: usize, kv_heads: usize, len: usize, h
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::select::{Protect, select_top_k};
+
+    /// Heads 0 and 2 pooled: each takes the mean of both rows; head 1 is untouched. The pooled
+    /// top 2 is one set for both heads where their own top 2 differ.
+    #[test]
+    fn pooled_heads_rank_their_entries_together() {
+        let mut s = Scores { kv_heads: 3, len: 5, data: vec![0.0; 15] };
+        s.row_mut(0).copy_from_slice(&[9.0, 1.0, 0.0, 2.0, 0.0]);
+        s.row_mut(1).copy_from_slice(&[1.0, 2.0, 3.0, 4.0, 5.0]);
+        s.row_mut(2).copy_from_slice(&[0.0, 3.0, 1.0, 8.0, 0.0]);
+        let none = Protect { sinks: 0, recent: 0 };
+        assert_eq!(select_top_k(s.row(0), 2, none).unwrap(), vec![0, 3]);
+        assert_eq!(select_top_k(s.row(2), 2, none).unwrap(), vec![1, 3]);
+        s.pool_groups(&[vec![0, 2]]);
+        assert_eq!(s.row(0), &[4.5, 2.0, 0.5, 5.0, 0.0]);
+        assert_eq!(s.row(2), s.row(0));
+        assert_eq!(s.row(1), &[1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert_eq!(select_top_k(s.row(2), 2, none).unwrap(), vec![0, 3]);
+    }
 }

@@ -241,7 +241,13 @@ impl Compression {
                 }
             })
             .collect();
-        self.policy.plan(&inputs, &self.spec).map_err(|e| RuntimeError::Options(format!("{}: {e}", self.label())))
+        // latent keys: the heads of a group share slots, so they rank them together
+        let groups: Option<Vec<Vec<Vec<usize>>>> = model
+            .latent_layouts()
+            .map(|ls| ls.iter().map(|l| l.groups().iter().map(|g| g.heads().to_vec()).collect()).collect());
+        self.policy
+            .plan_grouped(&inputs, &self.spec, groups.as_deref())
+            .map_err(|e| RuntimeError::Options(format!("{}: {e}", self.label())))
     }
 
     /// With latent keys ([`Llama::latent_layouts`]), makes the heads of every latent group keep

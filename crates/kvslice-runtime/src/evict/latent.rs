@@ -1,7 +1,10 @@
 //! Eviction over latent keys: the heads of a latent group share their slots (one latent row
 //! serves them all), so what a policy keeps or evicts per head becomes one choice per group.
 //!
-//! A group keeps as many entries as its heads kept on average. The entries come first by how
+//! The plans pool each group's scores before selecting ([`kvslice_policy::Policy::plan_grouped`]),
+//! so a policy whose heads keep the same number of entries gives one set per group already.
+//! Where the heads' choices still differ (budgets per head, repairs per head, rules without
+//! scores), a group keeps as many entries as its heads kept on average. The entries come first by how
 //! many of the group's heads kept them, then by the heads' scores summed, then the newest:
 //! what every head kept (the sinks, the window) stays, and an entry one head wanted strongly
 //! beats one several heads only tolerated at equal votes. A decode step writes, in every head

@@ -199,11 +199,15 @@ impl Recompressor {
                 value_proj_l1: proj_l1.as_deref(),
                 layer: l,
             };
-            let scores = self
+            let mut scores = self
                 .policy
                 .score_layer(&input, most)
                 .map_err(|e| RuntimeError::Options(format!("layer {l}: {e}")))?
                 .ok_or_else(|| RuntimeError::Options("decode-time recompression needs a scored policy".into()))?;
+            if let Some(layout) = layer.latent_layout() {
+                let groups: Vec<Vec<usize>> = layout.groups().iter().map(|g| g.heads().to_vec()).collect();
+                scores.pool_groups(&groups);
+            }
             let mut kept: Vec<Vec<u32>> = targets
                 .iter()
                 .enumerate()
