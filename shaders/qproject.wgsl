@@ -1,28 +1,36 @@
 // Projections over weights kept in their quantized blocks (GGUF Q8_0, Q4_0, Q4_1, Q4_K, Q5_K,
 // Q6_K) or as 16-bit floats (F16, BF16), dequantized in registers: the file's bytes are the
 // device's bytes (a 4-byte block header instead of the file's 2 or 4, Q6_K padded from 210
-// to 212 bytes), never an f32 copy.
+// to 224 bytes), never an f32 copy.
 //
-// Layout of `w` (u32 words; crates/kvslice-kernels/src/quant.rs packs it at load): the weight
-// is `w_rows` rows (output features) of `nb` blocks of 32 values (input features), stored
-// block-column-major so that adjacent rows are adjacent words: word `i` of block `blk` of row
-// `r` is at (blk · VW + i) · w_rows + r, VW = 8 words per Q8_0 block (four signed bytes each,
-// value 4i + j in byte j of word i), 4 per Q4 block (word i holds values 4i + j in the low
-// nibble of its byte j and 16 + 4i + j in the high nibble), 5 per Q5 block (word 0 holds
-// value j's fifth bit in bit j, words 1..4 the nibbles as Q4's), 16 per F16/BF16 block
+// Layout of `w` (u32 words read as vec4<u32> quads; crates/kvslice-kernels/src/quant.rs
+// packs it at load): the weight is `w_rows` rows (output features) of `nb` blocks of 32
+// values (input features). Each block's VW value words are stored in Q = ⌈VW/4⌉ quads,
+// block-column-major so that adjacent rows' quads are adjacent: quad j of block `blk` of row
+// `r` is quad (blk · Q + j) · w_rows + r. VW = 8 words per Q8_0 block (four signed bytes
+// each, value 4i + j in byte j of word i), 4 per Q4 and Q5 block (word i holds values 4i + j
+// in the low nibble of its byte j and 16 + 4i + j in the high nibble), 16 per F16/BF16 block
 // (values 2i and 2i + 1 in the low and high halves of word i). Then, from word `meta_at`, the
-// headers at meta_at + blk · w_rows + r (none for F16/BF16): the f16 scale d in the low half
-// and, for Q4_1 and Q5_1, the f16 minimum m in the high half. Value = d·q (Q8_0), d·(q − 8)
-// (Q4_0), d·(q − 16) (Q5_0), d·q + m (Q4_1, Q5_1), the 16-bit float itself (F16, BF16).
-// The K-quants' blocks are super-blocks of 256 values stored whole, VW = 36 (Q4_K), 44 (Q5_K)
-// or 53 (Q6_K) words holding the file's bytes in order (byte 4i + j in byte j of word i), no
-// separate headers; their definitions are in crates/kvslice-kernels/src/cpu.rs (`k_terms`).
+// H header words of each block at meta_at + (blk · w_rows + r) · H (none for F16/BF16): the
+// f16 scale d in the low half and, for Q4_1 and Q5_1, the f16 minimum m in the high half; for
+// Q5_0 and Q5_1 a second word with value j's fifth bit in bit j. Value = d·q (Q8_0),
+// d·(q − 8) (Q4_0), d·(q − 16) (Q5_0), d·q + m (Q4_1, Q5_1), the 16-bit float itself (F16,
+// BF16). The K-quants' blocks are super-blocks of 256 values stored whole, VW = 36 (Q4_K), 44
+// (Q5_K) or 53 (Q6_K, its last quad padded) words holding the file's bytes in order (byte
+// 4i + j in byte j of word i), no separate headers; their definitions are in
+// crates/kvslice-kernels/src/cpu.rs (`k_terms`).
+//
+// The module is compiled once per format (`KIND`, a template constant): every branch on the
+// format folds away. `prm.kind` holds the same code.
 //
 // `project` — one row x through the weight, with project.wgsl's prologue and epilogues:
 //   y_r = epilogue(Σ_k prologue(x)_k · W_rk + b_r); RMSNorm prologue (bit 1), bias (bit 0),
 //   residual (bit 2), SwiGLU (bit 3: rows r and r + up_at are gate and up, y = silu(g)·u).
-//   One invocation per output row over every block: adjacent invocations read adjacent words
-//   (coalesced) and the same x (a broadcast), as project.wgsl does for f32 columns.
+//   Each invocation computes ROWS adjacent output rows over every block, loading each block's
+//   32 inputs once for all of them: ROWS = 1 on GPUs, where adjacent invocations read adjacent
+//   quads (coalesced) and the same x (a broadcast), as project.wgsl does for f32 columns; more
+//   on CPU adapters, where llvmpipe turns every load inside a loop into a loop over the SIMD
+//   lanes, so that the inputs' loads, once per row, cost more than the weights'.
 // `dequant` — rows of the weight as f32: output row i is weight row ids[i] (bit 4 clear) or
 //   row i (bit 4 set: every row); bit 5 writes the transpose ([d_in, rows], a matmul's weight,
 //   adjacent invocations taking adjacent rows). One invocation per output value, over a 2-D
@@ -58,43 +66,51 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read_write> prm: Params;
-// [d_in]
-@group(0) @binding(1) var<storage, read_write> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> w: array<u32>;
+// [d_in] as quads (d_in is a multiple of 32)
+@group(0) @binding(1) var<storage, read_write> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> w: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> bias: array<f32>;
-@group(0) @binding(4) var<storage, read_write> gain: array<f32>;
+@group(0) @binding(4) var<storage, read_write> gain: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> res: array<f32>;
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
 
 const WG: u32 = {{ wg }}u;
+// 0: Q8_0, 1: Q4_0, 2: Q4_1, 3: F16, 4: BF16, 5: Q4_K, 6: Q5_K, 7: Q6_K, 8: Q5_0, 9: Q5_1
+const KIND: u32 = {{ kind }}u;
+// Output rows per invocation of `project` (adjacent rows).
+const ROWS: u32 = {{ rows }}u;
 
 var<workgroup> partial: array<f32, WG>;
 
 fn has(bit: u32) -> bool { return (prm.flags & bit) != 0u; }
 
 // F16 or BF16 values.
-fn is_16bit() -> bool { return prm.kind == 3u || prm.kind == 4u; }
+fn is_16bit() -> bool { return KIND == 3u || KIND == 4u; }
 
 // A K-quant's 256-value super-blocks.
-fn is_k() -> bool { return prm.kind >= 5u && prm.kind <= 7u; }
+fn is_k() -> bool { return KIND >= 5u && KIND <= 7u; }
 
-// Words of values per block.
-fn block_words() -> u32 {
-    switch prm.kind {
-        case 0u: { return 8u; }
-        case 1u, 2u: { return 4u; }
-        case 8u, 9u: { return 5u; }
-        case 5u: { return 36u; }
-        case 6u: { return 44u; }
-        case 7u: { return 53u; }
-        default: { return 16u; }
+// Quads of value words per block.
+fn block_quads() -> u32 {
+    switch KIND {
+        case 0u: { return 2u; }
+        case 1u, 2u, 8u, 9u: { return 1u; }
+        case 5u: { return 9u; }
+        case 6u: { return 11u; }
+        case 7u: { return 14u; }
+        default: { return 4u; }
     }
+}
+
+// Header words per block.
+fn header_words() -> u32 {
+    return select(1u, 2u, KIND >= 8u);
 }
 
 // The 16-bit float in the low (hi = false) or high half of `word`, as f32.
 fn float16(word: u32, hi: bool) -> f32 {
     let bits = select(word & 65535u, word >> 16u, hi);
-    if prm.kind == 4u {
+    if KIND == 4u {
         return bitcast<f32>(bits << 16u);
     }
     return half(bits);
@@ -118,23 +134,38 @@ fn half(bits: u32) -> f32 {
 // (d, m) of block `blk` of row `row`; Q4_0's offset of 8 folds into m = −8·d, Q5_0's of 16
 // into m = −16·d.
 fn header(row: u32, blk: u32) -> vec2<f32> {
-    let word = w[prm.meta_at + blk * prm.w_rows + row];
+    let word = any_word(prm.meta_at + (blk * prm.w_rows + row) * header_words());
     let h = vec2<f32>(half(word & 65535u), half(word >> 16u));
-    if prm.kind == 0u {
+    if KIND == 0u {
         return vec2<f32>(h.x, 0.0);
     }
-    if prm.kind == 1u {
+    if KIND == 1u {
         return vec2<f32>(h.x, -8.0 * h.x);
     }
-    if prm.kind == 8u {
+    if KIND == 8u {
         return vec2<f32>(h.x, -16.0 * h.x);
     }
     return h;
 }
 
-// Word `i` of block `blk` of row `row`.
+// The fifth bits of a Q5 block (bit j: value j).
+fn fifth_bits(row: u32, blk: u32) -> u32 {
+    return any_word(prm.meta_at + (blk * prm.w_rows + row) * 2u + 1u);
+}
+
+// Word `i` of `w`.
+fn any_word(i: u32) -> u32 {
+    return w[i / 4u][i % 4u];
+}
+
+// Quad `j` of the value words of block `blk` of row `row`.
+fn value_quad(row: u32, blk: u32, j: u32) -> vec4<u32> {
+    return w[(blk * block_quads() + j) * prm.w_rows + row];
+}
+
+// Word `i` of the value words of block `blk` of row `row`.
 fn value_word(row: u32, blk: u32, i: u32) -> u32 {
-    return w[(blk * block_words() + i) * prm.w_rows + row];
+    return value_quad(row, blk, i / 4u)[i % 4u];
 }
 
 fn q8(word: u32) -> vec4<f32> {
@@ -215,9 +246,9 @@ fn kscales(row: u32, blk: u32) -> vec3<u32> {
 
 // prologue(x) at k..k+3 (the norm's gain applied; its 1/rms is applied once, to the sum).
 fn xin(k: u32, norm: bool) -> vec4<f32> {
-    let v = vec4<f32>(x[k], x[k + 1u], x[k + 2u], x[k + 3u]);
+    let v = x[k / 4u];
     if norm {
-        return v * vec4<f32>(gain[k], gain[k + 1u], gain[k + 2u], gain[k + 3u]);
+        return v * gain[k / 4u];
     }
     return v;
 }
@@ -227,7 +258,7 @@ fn kblock_dot(row: u32, blk: u32, norm: bool) -> f32 {
     let k0 = blk * 256u;
     let one = vec4<f32>(1.0);
     var acc = 0.0;
-    if prm.kind == 7u {
+    if KIND == 7u {
         // Q6_K: two halves of 128 values; in each, word i of the 32 low-nibble bytes gives
         // values 4i.. (low nibbles) and 64 + 4i.. (high), word i of the next 32 values 32 + 4i..
         // and 96 + 4i.., their high bits in word i of the half's 32 qh bytes.
@@ -251,7 +282,7 @@ fn kblock_dot(row: u32, blk: u32, norm: bool) -> f32 {
     // values 4i.. (low nibbles, sub-block 2c) and 32 + 4i.. (high, sub-block 2c + 1).
     let dm = kheader(row, blk);
     let sw = kscales(row, blk);
-    let q5 = prm.kind == 6u;
+    let q5 = KIND == 6u;
     let qs_at = select(4u, 12u, q5);
     for (var c = 0u; c < 4u; c++) {
         var dl = vec4<f32>(0.0);
@@ -281,56 +312,67 @@ fn kblock_dot(row: u32, blk: u32, norm: bool) -> f32 {
     return acc;
 }
 
-// Σ_j xin_j · value_j over block `blk` of weight row `row`.
-fn block_dot(row: u32, blk: u32, norm: bool) -> f32 {
-    if is_k() {
-        return kblock_dot(row, blk, norm);
+// The 32 inputs of block `blk` (after the RMSNorm gain when `norm`), as eight quads: quad i
+// holds inputs 4i..4i+3.
+fn block_x(blk: u32, norm: bool) -> array<vec4<f32>, 8> {
+    var xs: array<vec4<f32>, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        xs[i] = xin(blk * 32u + 4u * i, norm);
     }
-    let hd = header(row, blk);
-    let k0 = blk * 32u;
+    return xs;
+}
+
+// Σ_j x_j · value_j over 32-value block `blk` of weight row `row`, its inputs `xs`
+// (block_x) and their sum `xsum` given: one row's share of work, the inputs loaded once for
+// every row an invocation computes.
+fn block_dot(row: u32, blk: u32, xs: array<vec4<f32>, 8>, xsum: f32) -> f32 {
     var dq = vec4<f32>(0.0);
-    var sx = vec4<f32>(0.0);
     if is_16bit() {
-        for (var i = 0u; i < 16u; i += 2u) {
-            let w0 = value_word(row, blk, i);
-            let w1 = value_word(row, blk, i + 1u);
-            let wv = vec4<f32>(float16(w0, false), float16(w0, true), float16(w1, false), float16(w1, true));
-            dq += xin(k0 + 2u * i, norm) * wv;
+        for (var j = 0u; j < 4u; j++) {
+            let q = value_quad(row, blk, j);
+            for (var i = 0u; i < 4u; i += 2u) {
+                let wv = vec4<f32>(float16(q[i], false), float16(q[i], true), float16(q[i + 1u], false), float16(q[i + 1u], true));
+                dq += xs[2u * j + i / 2u] * wv;
+            }
         }
         return dot(dq, vec4<f32>(1.0));
     }
-    if prm.kind == 0u {
-        for (var i = 0u; i < 8u; i++) {
-            let xv = xin(k0 + 4u * i, norm);
-            dq += xv * q8(value_word(row, blk, i));
+    let hd = header(row, blk);
+    if KIND == 0u {
+        for (var j = 0u; j < 2u; j++) {
+            let q = value_quad(row, blk, j);
+            for (var i = 0u; i < 4u; i++) {
+                dq += xs[4u * j + i] * q8(q[i]);
+            }
         }
     } else {
-        // Q4: four words of nibbles; Q5: the word of fifth bits first (bit j: value j)
-        let q5 = prm.kind >= 8u;
-        let at = select(0u, 1u, q5);
+        // Q4 and Q5: one quad of nibbles; Q5's fifth bits from its second header word
+        let q5 = KIND >= 8u;
         var qh = 0u;
         if q5 {
-            qh = value_word(row, blk, 0u);
+            qh = fifth_bits(row, blk);
         }
+        let q = value_quad(row, blk, 0u);
         for (var i = 0u; i < 4u; i++) {
-            let word = value_word(row, blk, at + i);
-            let xl = xin(k0 + 4u * i, norm);
-            let xh = xin(k0 + 16u + 4u * i, norm);
-            dq += xl * (lo4(word) + 16.0 * bits4(qh, 4u * i)) + xh * (hi4(word) + 16.0 * bits4(qh, 16u + 4u * i));
-            sx += xl + xh;
+            var lo = lo4(q[i]);
+            var hi = hi4(q[i]);
+            if q5 {
+                lo += 16.0 * bits4(qh, 4u * i);
+                hi += 16.0 * bits4(qh, 16u + 4u * i);
+            }
+            dq += xs[i] * lo + xs[4u + i] * hi;
         }
     }
-    let one = vec4<f32>(1.0);
-    return hd.x * dot(dq, one) + hd.y * dot(sx, one);
+    return hd.x * dot(dq, vec4<f32>(1.0)) + hd.y * xsum;
 }
 
 // 1/√(mean(x²) + ε) over the row, reduced across the workgroup (every invocation gets it).
 fn inv_rms(lid: u32) -> f32 {
     let din = prm.d_in;
     var s = 0.0;
-    for (var k = lid; k < din; k += WG) {
+    for (var k = lid; k < din / 4u; k += WG) {
         let v = x[k];
-        s += v * v;
+        s += dot(v, v);
     }
     partial[lid] = s;
     workgroupBarrier();
@@ -349,52 +391,72 @@ fn {{ entry_project }}(
     _ = touch_bindings();
     // Every invocation takes part in the reduction (it holds barriers), normed or not.
     let inv = inv_rms(lid);
-    let row = (wid.y * prm.groups_x + wid.x) * WG + lid;
-    if row >= prm.rows {
-        return;
-    }
+    // Rows first..first + ROWS - 1; past the last row an invocation reads the last row again
+    // and stores nothing (no early exit: every invocation runs the same loop).
+    let first = ((wid.y * prm.groups_x + wid.x) * WG + lid) * ROWS;
+    let last = prm.rows - 1u;
     let norm = has(2u);
-    let scale = select(1.0, inv, norm);
-    if has(8u) {
-        var g = 0.0;
-        var u = 0.0;
-        for (var blk = 0u; blk < prm.nb; blk++) {
-            g += block_dot(row, blk, norm);
-            u += block_dot(row + prm.up_at, blk, norm);
-        }
-        g *= scale;
-        u *= scale;
-        if has(1u) {
-            g += bias[row];
-            u += bias[row + prm.up_at];
-        }
-        var gated = g / (1.0 + exp(-g)) * u;
-        if has(4u) {
-            gated += res[row];
-        }
-        y[row] = gated;
-        return;
-    }
-    var acc = 0.0;
+    let glu = has(8u);
+    var acc: array<f32, ROWS>;
+    var up: array<f32, ROWS>;
     for (var blk = 0u; blk < prm.nb; blk++) {
-        acc += block_dot(row, blk, norm);
+        if is_k() {
+            for (var r = 0u; r < ROWS; r++) {
+                let row = min(first + r, last);
+                acc[r] += kblock_dot(row, blk, norm);
+                if glu {
+                    up[r] += kblock_dot(row + prm.up_at, blk, norm);
+                }
+            }
+        } else {
+            let xs = block_x(blk, norm);
+            let xsum = dot(xs[0] + xs[1] + xs[2] + xs[3] + xs[4] + xs[5] + xs[6] + xs[7], vec4<f32>(1.0));
+            for (var r = 0u; r < ROWS; r++) {
+                let row = min(first + r, last);
+                acc[r] += block_dot(row, blk, xs, xsum);
+                if glu {
+                    up[r] += block_dot(row + prm.up_at, blk, xs, xsum);
+                }
+            }
+        }
     }
-    let at = prm.row_at + row;
-    var out = acc * scale;
-    if has(1u) {
-        out += bias[at];
+    let scale = select(1.0, inv, norm);
+    for (var r = 0u; r < ROWS; r++) {
+        let row = first + r;
+        if row > last {
+            break;
+        }
+        if glu {
+            var g = acc[r] * scale;
+            var u = up[r] * scale;
+            if has(1u) {
+                g += bias[row];
+                u += bias[row + prm.up_at];
+            }
+            var gated = g / (1.0 + exp(-g)) * u;
+            if has(4u) {
+                gated += res[row];
+            }
+            y[row] = gated;
+        } else {
+            let at = prm.row_at + row;
+            var out = acc[r] * scale;
+            if has(1u) {
+                out += bias[at];
+            }
+            if has(4u) {
+                out += res[at];
+            }
+            y[at] = out;
+        }
     }
-    if has(4u) {
-        out += res[at];
-    }
-    y[at] = out;
 }
 
 // Value k of K-quant weight row `row`.
 fn kvalue(row: u32, k: u32) -> f32 {
     let blk = k / 256u;
     let j = k % 256u;
-    if prm.kind == 7u {
+    if KIND == 7u {
         let n = j / 128u;
         let p = (j % 128u) / 32u;
         let l = j % 32u;
@@ -409,7 +471,7 @@ fn kvalue(row: u32, k: u32) -> f32 {
     let c = j / 64u;
     let hi = (j % 64u) / 32u;
     let l = j % 32u;
-    let q5 = prm.kind == 6u;
+    let q5 = KIND == 6u;
     let qs_at = select(4u, 12u, q5);
     var q = (value_word(row, blk, qs_at + 8u * c + l / 4u) >> (8u * (l % 4u) + 4u * hi)) & 15u;
     if q5 {
@@ -451,16 +513,15 @@ fn {{ entry_dequant }}(
     }
     let hd = header(row, blk);
     var q: f32;
-    if prm.kind == 0u {
+    if KIND == 0u {
         let word = value_word(row, blk, j / 4u);
         q = f32(bitcast<i32>(word << (24u - 8u * (j % 4u))) >> 24u);
     } else {
-        let q5 = prm.kind >= 8u;
-        let word = value_word(row, blk, select(0u, 1u, q5) + (j % 16u) / 4u);
+        let word = value_word(row, blk, (j % 16u) / 4u);
         let shift = 8u * (j % 4u) + select(0u, 4u, j >= 16u);
         var qi = (word >> shift) & 15u;
-        if q5 {
-            qi += 16u * ((value_word(row, blk, 0u) >> j) & 1u);
+        if KIND >= 8u {
+            qi += 16u * ((fifth_bits(row, blk) >> j) & 1u);
         }
         q = f32(qi);
     }

@@ -196,14 +196,37 @@ pub async fn run_all(device: &Device) -> Vec<CaseResult> {
         case!(
             "qproject",
             format!("{format:?} d_in {d_in} d_out {d_out} {fuse:?} seed {seed}"),
-            qproject_twin(device, format, d_in, d_out, fuse, seed)
+            qproject_twin(device, format, d_in, d_out, fuse, seed, 1)
         );
     }
-    case!(
-        "qproject",
-        "stacked Q4_K 40 rows | Q6_K 8 | Q8_0 8, d_in 512, bias, norm, residual; its dequantized transpose; seed 256",
-        qproject_stacked(device, 256)
-    );
+    // Several rows per invocation (CPU adapters): output counts that are not multiples of it,
+    // every fusion, a K-quant (which keeps one)
+    for &(format, d_in, d_out, fuse, seed, per) in &[
+        (Q4_1, 64usize, 13usize, Fuse { bias: true, norm: true, residual: true, swiglu: false }, 257u64, 4u32),
+        (Q8_0, 96, 7, Fuse { bias: true, norm: true, residual: false, swiglu: true }, 258, 8),
+        (Q4_0, 32, 1, Fuse { bias: false, norm: false, residual: false, swiglu: false }, 259, 4),
+        (Q4_1, 1536, 578, Fuse { bias: false, norm: true, residual: true, swiglu: false }, 260, 4),
+        (Q5_0, 576, 190, Fuse { bias: false, norm: true, residual: false, swiglu: true }, 261, 8),
+        (Q5_1, 160, 70, Fuse { bias: true, norm: false, residual: true, swiglu: false }, 262, 4),
+        (F16, 576, 193, Fuse { bias: true, norm: true, residual: false, swiglu: false }, 263, 8),
+        (BF16, 96, 70, Fuse { bias: false, norm: true, residual: true, swiglu: true }, 264, 4),
+        (Q6_K, 256, 130, Fuse { bias: true, norm: true, residual: false, swiglu: false }, 265, 4),
+    ] {
+        case!(
+            "qproject",
+            format!("{format:?} d_in {d_in} d_out {d_out} {fuse:?} seed {seed}, {per} rows per invocation"),
+            qproject_twin(device, format, d_in, d_out, fuse, seed, per)
+        );
+    }
+    for per in [1, 4] {
+        case!(
+            "qproject",
+            format!(
+                "stacked Q4_K 40 rows | Q6_K 8 | Q8_0 8, d_in 512, bias, norm, residual; its dequantized transpose; seed 256, {per} rows per invocation"
+            ),
+            qproject_stacked(device, 256, per)
+        );
+    }
     out
 }
 
@@ -931,7 +954,15 @@ async fn qproject_hand(dev: &Device) -> Check {
 /// [`project_twin`] with the weight in random blocks: the reference is [`cpu::project`] over
 /// the [`cpu::dequantize`]d matrix, the tolerance [`project_twin`]'s over the magnitudes of
 /// the terms the kernel sums ([`block_magnitudes`]).
-async fn qproject_twin(dev: &Device, format: QuantFormat, d_in: usize, d_out: usize, fuse: Fuse, seed: u64) -> Check {
+async fn qproject_twin(
+    dev: &Device,
+    format: QuantFormat,
+    d_in: usize,
+    d_out: usize,
+    fuse: Fuse,
+    seed: u64,
+    per_invocation: u32,
+) -> Check {
     let mut rng = Rng::new(seed);
     let rows = if fuse.swiglu { 2 * d_out } else { d_out };
     let bytes = random_blocks(&mut rng, format, rows, d_in);
@@ -940,7 +971,8 @@ async fn qproject_twin(dev: &Device, format: QuantFormat, d_in: usize, d_out: us
     let g: Option<Vec<f32>> = fuse.norm.then(|| (0..d_in).map(|_| 1.0 + 0.5 * rng.unit()).collect());
     let r = fuse.residual.then(|| rng.vec(d_out, 3.0));
     let eps = 1e-5f32;
-    let m = upload(format, rows, d_in, &bytes, dev)?;
+    let mut m = upload(format, rows, d_in, &bytes, dev)?;
+    kernel("rows per invocation", m.set_rows_per_invocation(per_invocation))?;
     let (gt, rt) = (g.clone().map(|g| f1(g, dev)), r.clone().map(|r| f2(r, [1, d_out], dev)));
     let fusion = crate::Fusion { norm: gt.as_ref().map(|g| (g, eps)), residual: rt.as_ref(), swiglu: fuse.swiglu };
     let out = kernel(
@@ -963,7 +995,7 @@ async fn qproject_twin(dev: &Device, format: QuantFormat, d_in: usize, d_out: us
 /// A q|k|v-like matrix whose parts keep different formats ([`QuantMatrix::stack`]): one launch
 /// per part into the shared output, against [`cpu::project`] over the parts' rows stacked,
 /// and the whole matrix dequantized as a matmul's `[d_in, rows]` weight.
-async fn qproject_stacked(dev: &Device, seed: u64) -> Check {
+async fn qproject_stacked(dev: &Device, seed: u64, per_invocation: u32) -> Check {
     let mut rng = Rng::new(seed);
     let d_in = 512;
     let parts = [(QuantFormat::Q4_K, 40usize), (QuantFormat::Q6_K, 8), (QuantFormat::Q8_0, 8)];
@@ -975,7 +1007,8 @@ async fn qproject_stacked(dev: &Device, seed: u64) -> Check {
         values.extend(cpu::dequantize(format, r, d_in, &bytes));
         magnitudes.extend(block_magnitudes(format, &bytes));
     }
-    let m = kernel("stack", QuantMatrix::stack(matrices))?;
+    let mut m = kernel("stack", QuantMatrix::stack(matrices))?;
+    kernel("rows per invocation", m.set_rows_per_invocation(per_invocation))?;
     if m.formats() != parts.iter().map(|p| p.0).collect::<Vec<_>>() {
         return Err(format!("formats {:?}", m.formats()));
     }

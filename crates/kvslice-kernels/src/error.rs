@@ -116,6 +116,8 @@ pub enum KernelError {
         value: usize,
     },
     /// A weight block whose f16 scale or offset (or, for F16/BF16, a value) is infinite or NaN.
+    #[error("{rows} rows per invocation: the projection kernel takes {allowed:?}")]
+    RowsPerInvocation { rows: u32, allowed: &'static [u32] },
     #[error("{what} needs a matrix in one block format; this one stacks several")]
     MixedFormats { what: &'static str },
     #[error("weight block {block} (row {row}) has a NaN or infinite scale or value")]

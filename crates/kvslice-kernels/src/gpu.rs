@@ -209,10 +209,22 @@ impl Gpu {
 
     /// Launches `family`/`entry` over `count` workgroups with `buffers` bound in order.
     pub fn launch(&self, family: Family, entry: &'static str, count: (u32, u32, u32), buffers: Vec<BufferBinding>) {
+        self.launch_variant(family, entry, family.variants()[0], count, buffers);
+    }
+
+    /// [`Gpu::launch`] of one of the family's [`Family::variants`].
+    pub fn launch_variant(
+        &self,
+        family: Family,
+        entry: &'static str,
+        variant: u32,
+        count: (u32, u32, u32),
+        buffers: Vec<BufferBinding>,
+    ) {
         if count.0 == 0 || count.1 == 0 || count.2 == 0 {
             return;
         }
-        let kernel = WgslKernel { family, entry };
+        let kernel = WgslKernel { family, entry, variant };
         let cube_dim = CubeDim::new_1d(family.workgroup(entry));
         crate::dispatch::labelled(family, entry, || {
             self.like.client.launch(

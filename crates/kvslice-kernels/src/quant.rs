@@ -4,13 +4,16 @@
 //! its blocks ([`QuantMatrix::upload`]): the values' bytes unchanged, each 32-value block's
 //! f16 header widened to one 4-byte word (so every load is word-aligned): 36 bytes per 32
 //! values for Q8_0 (34 in the file), 20 for Q4_0 (18), 20 for Q4_1 (20), 24 for Q5_0 (22)
-//! and Q5_1 (24), 64 for F16 and BF16 (64); the K-quants' 256-value super-blocks whole, 144 bytes for Q4_K (144), 176 for
-//! Q5_K (176), 212 for Q6_K (210). The words are stored block-column-major (word `i` of block `b` of every
-//! row side by side), so the invocations of a workgroup, one per output row, read adjacent
-//! words: the access pattern of the f32 projection's `[d_in, d_out]` layout. [`qproject`] runs one row through it with [`project`](crate::project)'s
-//! prologue and epilogues, dequantizing in registers; [`dequantize`] writes rows of it as f32
-//! (the embedding's gather, or the transposed matrix a prefill's matmul takes, one layer's
-//! at a time).
+//! and Q5_1 (24), 64 for F16 and BF16 (64); the K-quants' 256-value super-blocks whole, 144
+//! bytes for Q4_K (144), 176 for Q5_K (176), 224 for Q6_K (210, padded to whole quads). The
+//! value words are stored in quads of four, block-column-major (quad `j` of block `b` of every
+//! row side by side; [`pack_blocks`]), so the invocations of a workgroup, one per output row,
+//! read adjacent memory, and llvmpipe loads a quad at once. [`qproject`] runs one row through
+//! it with [`project`](crate::project)'s prologue and epilogues, dequantizing in registers,
+//! one or several output rows per invocation ([`QuantMatrix::set_rows_per_invocation`]);
+//! [`dequantize`] writes rows of it as f32 (the embedding's gather, or the transposed matrix a
+//! prefill's matmul takes, one layer's at a time). The shader is compiled once per format and
+//! rows per invocation, so the format's branches fold away.
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 
@@ -18,7 +21,7 @@ use crate::error::{KernelError, Result};
 use crate::fused::Fusion;
 use crate::gpu::{self, Gpu, bind};
 use crate::params::QProjectParams;
-use crate::shader::{Family, QPROJECT_WG};
+use crate::shader::{Family, QPROJECT_ROWS, QPROJECT_WG, qproject_variant};
 
 /// Block formats [`QuantMatrix`] takes (GGUF's layouts: 32 values per block, 256 per
 /// super-block for the K-quants; F16 and BF16 as 32 values of 2 bytes).
@@ -84,11 +87,15 @@ impl QuantFormat {
     fn value_words(self) -> usize {
         match self {
             QuantFormat::Q8_0 => 8,
-            QuantFormat::Q4_0 | QuantFormat::Q4_1 => 4,
-            QuantFormat::Q5_0 | QuantFormat::Q5_1 => 5,
+            QuantFormat::Q4_0 | QuantFormat::Q4_1 | QuantFormat::Q5_0 | QuantFormat::Q5_1 => 4,
             QuantFormat::F16 | QuantFormat::BF16 => 16,
             QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K => self.block_bytes().div_ceil(4),
         }
+    }
+
+    /// Groups of four value words per block on the device (the last one padded).
+    fn value_quads(self) -> usize {
+        self.value_words().div_ceil(4)
     }
 
     /// Bytes of the separate header in the file (before the values); none for the formats
@@ -99,6 +106,15 @@ impl QuantFormat {
             QuantFormat::F16 | QuantFormat::BF16 => 0,
             QuantFormat::Q4_K | QuantFormat::Q5_K | QuantFormat::Q6_K => 0,
             _ => 2,
+        }
+    }
+
+    /// Header words per block on the device: the scale (and minimum) word, then for Q5_0 and
+    /// Q5_1 the word of fifth bits.
+    fn header_words(self) -> usize {
+        match self {
+            QuantFormat::Q5_0 | QuantFormat::Q5_1 => 2,
+            _ => usize::from(self.header_bytes() > 0),
         }
     }
 
@@ -127,6 +143,8 @@ pub struct QuantMatrix {
     rows: usize,
     cols: usize,
     parts: Vec<Part>,
+    /// Output rows each invocation of [`qproject`] computes ([`QuantMatrix::set_rows_per_invocation`]).
+    rows_per_invocation: u32,
 }
 
 /// Rows of a [`QuantMatrix`] in one format.
@@ -148,12 +166,19 @@ fn bf16_non_finite(bits: u16) -> bool {
 }
 
 /// The device layout of `bytes` (`rows · cols / V` blocks in the file's layout, row after
-/// row, `V` = [`QuantFormat::values`]): every block's value words, word `i` of block `b` of
-/// row `r` at `(b·VW + i)·rows + r` (`VW` = 8 for Q8_0, 4 for Q4, 5 for Q5 — `qh`, then the
-/// nibbles —, 16 for F16/BF16: two values a word, the first in the low half; for the K-quants the whole super-block, header
-/// included, 4 bytes a word in the file's order), then every block's header word at
-/// `blocks·VW + b·rows + r` (none for F16/BF16 and the K-quants). A NaN or infinite scale,
-/// offset or (F16/BF16) value is refused.
+/// row, `V` = [`QuantFormat::values`]), read by the kernels as `vec4<u32>` quads:
+/// - the value words of every block, in quads: word `i` of block `b` of row `r` at
+///   `((b·Q + i/4)·rows + r)·4 + i%4`, `Q` = ⌈VW/4⌉ quads of `VW` words (8 for Q8_0, 4 for
+///   Q4 and Q5 — their nibbles —, 16 for F16/BF16, two values a word, the first in the low
+///   half; for the K-quants the whole super-block, header included, 4 bytes a word in the
+///   file's order, the last quad padded with zeros). Adjacent rows' quads are adjacent, so a
+///   GPU's adjacent invocations read adjacent memory and llvmpipe one vector load a quad;
+/// - then, from word `blocks·Q·4`, every block's header words (none for F16/BF16 and the
+///   K-quants): word `h` of block `b` of row `r` at `(b·rows + r)·H + h`, the f16 scale (and,
+///   for Q4_1 and Q5_1, the f16 minimum in the high half), then for Q5 the fifth bits;
+/// - zeros to a whole quad.
+///
+/// A NaN or infinite scale, offset or (F16/BF16) value is refused.
 pub fn pack_blocks(format: QuantFormat, rows: usize, cols: usize, bytes: &[u8]) -> Result<Vec<u32>> {
     for (what, v) in [("rows", rows), ("cols", cols)] {
         if v == 0 {
@@ -175,13 +200,15 @@ pub fn pack_blocks(format: QuantFormat, rows: usize, cols: usize, bytes: &[u8]) 
     }
     // Every value must be addressable by the dequantization's 32-bit indices.
     gpu::check_elements("quantized values", &[rows, cols])?;
-    let vw = format.value_words();
+    let quads = format.value_quads();
     let hb = format.header_bytes();
-    let total = blocks * (vw + usize::from(hb > 0));
+    let hw = format.header_words();
+    let total = (blocks * (4 * quads + hw)).next_multiple_of(4);
     gpu::check_u32("quantized words", total)?;
     let mut out = vec![0u32; total];
-    let (values, headers) = out.split_at_mut(blocks * vw);
+    let (values, headers) = out.split_at_mut(blocks * 4 * quads);
     let nb = cols / per_block;
+    let at = |row: usize, blk: usize, i: usize| ((blk * quads + i / 4) * rows + row) * 4 + i % 4;
     let half = |at: usize, block: &[u8]| u16::from_le_bytes([block[at], block[at + 1]]);
     for (b, block) in bytes.chunks_exact(bb).enumerate() {
         let (row, blk) = (b / nb, b % nb);
@@ -195,7 +222,7 @@ pub fn pack_blocks(format: QuantFormat, rows: usize, cols: usize, bytes: &[u8]) 
             for (i, word) in block.chunks(4).enumerate() {
                 let mut w = [0u8; 4];
                 w[..word.len()].copy_from_slice(word);
-                values[(blk * vw + i) * rows + row] = u32::from_le_bytes(w);
+                values[at(row, blk, i)] = u32::from_le_bytes(w);
             }
             continue;
         }
@@ -206,7 +233,7 @@ pub fn pack_blocks(format: QuantFormat, rows: usize, cols: usize, bytes: &[u8]) 
                 if non_finite(lo) || non_finite(hi) {
                     return Err(KernelError::NonFiniteBlock { block: b, row });
                 }
-                values[(blk * vw + i) * rows + row] = u32::from(lo) | (u32::from(hi) << 16);
+                values[at(row, blk, i)] = u32::from(lo) | (u32::from(hi) << 16);
             }
             continue;
         }
@@ -215,9 +242,18 @@ pub fn pack_blocks(format: QuantFormat, rows: usize, cols: usize, bytes: &[u8]) 
         if f16_non_finite(d) || f16_non_finite(m) {
             return Err(KernelError::NonFiniteBlock { block: b, row });
         }
-        headers[blk * rows + row] = u32::from(d) | (u32::from(m) << 16);
-        for (i, word) in block[hb..].chunks_exact(4).enumerate() {
-            values[(blk * vw + i) * rows + row] = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+        let word = |at: usize| u32::from_le_bytes([block[at], block[at + 1], block[at + 2], block[at + 3]]);
+        let h = (blk * rows + row) * hw;
+        headers[h] = u32::from(d) | (u32::from(m) << 16);
+        // Q5: the fifth bits come before the nibbles in the file
+        let nibbles = if hw == 2 {
+            headers[h + 1] = word(hb);
+            hb + 4
+        } else {
+            hb
+        };
+        for i in 0..format.value_words() {
+            values[at(row, blk, i)] = word(nibbles + 4 * i);
         }
     }
     Ok(out)
@@ -232,12 +268,14 @@ impl QuantMatrix {
         let words: Vec<i32> = bytemuck::cast_slice(&words).to_vec();
         let words = Tensor::<1, Int>::from_data(TensorData::new(words, [n]), device);
         gpu::int_input("blocks", &words)?;
-        Ok(QuantMatrix { rows, cols, parts: vec![Part { format, rows, words }] })
+        Ok(QuantMatrix { rows, cols, parts: vec![Part { format, rows, words }], rows_per_invocation: 1 })
     }
 
     /// The matrices' rows one after the other (each keeps its format): `[Σ rows, cols]`.
     pub fn stack(matrices: Vec<QuantMatrix>) -> Result<Self> {
-        let Some(cols) = matrices.first().map(|m| m.cols) else { return Err(KernelError::Empty { what: "matrices" }) };
+        let Some((cols, rows_per_invocation)) = matrices.first().map(|m| (m.cols, m.rows_per_invocation)) else {
+            return Err(KernelError::Empty { what: "matrices" });
+        };
         let mut rows = 0;
         let mut parts = Vec::new();
         for m in matrices {
@@ -252,7 +290,21 @@ impl QuantMatrix {
             parts.extend(m.parts);
         }
         gpu::check_u32("stacked rows", rows)?;
-        Ok(QuantMatrix { rows, cols, parts })
+        Ok(QuantMatrix { rows, cols, parts, rows_per_invocation })
+    }
+
+    /// How many output rows each invocation of [`qproject`] computes, one of
+    /// [`QPROJECT_ROWS`] (the K-quants always take one). One on GPUs, whose many invocations
+    /// each take a row; more on CPU adapters (llvmpipe, SwiftShader), where every load costs a
+    /// loop over the SIMD lanes and one load of the inputs then serves several rows: 8 rows
+    /// make lavapipe's projections N× faster (docs/BENCHMARKS.md, "Weights kept in their
+    /// blocks").
+    pub fn set_rows_per_invocation(&mut self, rows: u32) -> Result<()> {
+        if !QPROJECT_ROWS.contains(&rows) {
+            return Err(KernelError::RowsPerInvocation { rows, allowed: &QPROJECT_ROWS });
+        }
+        self.rows_per_invocation = rows;
+        Ok(())
     }
 
     /// The format of the first rows (of every row unless [`QuantMatrix::stack`]ed from
@@ -301,7 +353,7 @@ impl Part {
             nb: nb as u32,
             kind: self.format.kind(),
             flags: launch.flags,
-            meta_at: (self.rows * nb * self.format.value_words()) as u32,
+            meta_at: (self.rows * nb * 4 * self.format.value_quads()) as u32,
             up_at: launch.up_at as u32,
             w_rows: self.rows as u32,
             groups_x: launch.groups_x,
@@ -402,12 +454,14 @@ pub fn qproject(
     let mut row_at = 0;
     for (part, wp) in weight.parts.iter().zip(&wps) {
         let rows = if fusion.swiglu { d_out } else { part.rows };
-        let (gx, gy) = grid(rows.div_ceil(QPROJECT_WG as usize))?;
+        let per = if part.format.is_k() { 1 } else { weight.rows_per_invocation };
+        let (gx, gy) = grid(rows.div_ceil(QPROJECT_WG as usize * per as usize))?;
         let launch = Launch { rows, flags, up_at: d_out, groups_x: gx, row_at, eps };
         let params = g.params(&part.params(d_in, launch), &[]);
-        g.launch(
+        g.launch_variant(
             Family::QProject,
             "project",
+            qproject_variant(part.format.kind(), per),
             (gx, gy, 1),
             vec![params, bind(&xp), bind(wp), or_dummy(&bp), or_dummy(&gp), or_dummy(&rp), bind(&out)],
         );
@@ -435,7 +489,7 @@ pub fn dequantize(weight: &QuantMatrix, ids: Option<&[u32]>, transpose: bool) ->
         // Each part's rows, then side by side (the transpose) or one after the other.
         let mut all = Vec::with_capacity(weight.parts.len());
         for part in &weight.parts {
-            let one = QuantMatrix { rows: part.rows, cols: weight.cols, parts: vec![part.clone()] };
+            let one = QuantMatrix { parts: vec![part.clone()], rows: part.rows, ..weight.clone() };
             all.push(dequantize(&one, None, transpose)?);
         }
         return Ok(Tensor::cat(all, if transpose { 1 } else { 0 }));
@@ -451,9 +505,10 @@ pub fn dequantize(weight: &QuantMatrix, ids: Option<&[u32]>, transpose: bool) ->
     let flags = if ids.is_none() { 16 } else { 0 } | if transpose { 32 } else { 0 };
     let params = part.params(weight.cols, Launch { rows: n, flags, groups_x: gx, ..Launch::default() });
     let params = g.params(&params, ids.unwrap_or(&[]));
-    g.launch(
+    g.launch_variant(
         Family::QProject,
         "dequant",
+        qproject_variant(part.format.kind(), 1),
         (gx, gy, 1),
         vec![params, g.dummy(), bind(&wp), g.dummy(), g.dummy(), g.dummy(), bind(&out)],
     );

@@ -38,6 +38,25 @@ pub(crate) const GEMM_WG_X: u32 = 16;
 pub(crate) const GEMM_WG_Y: u32 = 16;
 pub(crate) const GEMM_BK: u32 = 16;
 
+/// Rows of output a `qproject.wgsl` invocation computes: [`QPROJECT_ROWS`] on GPUs; on CPU
+/// adapters (llvmpipe, SwiftShader) more, so that one load of the inputs serves several rows.
+pub const QPROJECT_ROWS: [u32; 3] = [1, 4, 8];
+
+/// The variant of `qproject.wgsl` for a format's kind code and rows per invocation.
+pub(crate) const fn qproject_variant(kind: u32, rows: u32) -> u32 {
+    kind + 16 * rows
+}
+
+const QPROJECT_VARIANTS: [u32; 30] = {
+    let mut out = [0u32; 30];
+    let mut i = 0;
+    while i < 30 {
+        out[i] = qproject_variant((i % 10) as u32, QPROJECT_ROWS[i / 10]);
+        i += 1;
+    }
+    out
+};
+
 /// One WGSL file of `shaders/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Family {
@@ -123,6 +142,25 @@ impl Family {
             Family::Step => &["rope", "norm"],
             Family::QProject => &["project", "dequant"],
             Family::Gemm => &["gemm"],
+        }
+    }
+
+    /// Specializations of the family, one pipeline each. `qproject.wgsl` is compiled once per
+    /// block format and rows per invocation ([`qproject_variant`]), so that every branch on the
+    /// format folds away at compile time (on llvmpipe the run-time branches cost 2.9× the whole
+    /// projection). Other families have one (0).
+    pub fn variants(self) -> &'static [u32] {
+        match self {
+            Family::QProject => &QPROJECT_VARIANTS,
+            _ => &[0],
+        }
+    }
+
+    /// The template values of one of [`Family::variants`].
+    fn variant_values(self, variant: u32) -> Vec<(&'static str, u32)> {
+        match self {
+            Family::QProject => vec![("kind", variant % 16), ("rows", variant / 16)],
+            _ => vec![],
         }
     }
 
@@ -221,9 +259,17 @@ fn touch_expression(family: Family) -> String {
 }
 
 /// The template of `family` with entry point `entry` named `main` and every value registered,
-/// after the shared prelude.
+/// after the shared prelude (the family's first variant).
 pub fn template(family: Family, entry: &str) -> SourceTemplate {
+    template_variant(family, entry, family.variants()[0])
+}
+
+/// [`template`] for one of the family's [`Family::variants`].
+pub fn template_variant(family: Family, entry: &str, variant: u32) -> SourceTemplate {
     let mut t = SourceTemplate::new(format!("{PRELUDE}{}", family.template()));
+    for (name, value) in family.variant_values(variant) {
+        t = t.register(name, value.to_string());
+    }
     t = t.register("touch", touch_expression(family));
     t = t.register("tile", family.tile().to_string());
     for (name, value) in family.values() {
@@ -239,9 +285,15 @@ pub fn template(family: Family, entry: &str) -> SourceTemplate {
     t
 }
 
-/// The WGSL module that runs for `family`/`entry`, as the device receives it.
+/// The WGSL module that runs for `family`/`entry`, as the device receives it (the family's
+/// first variant).
 pub fn render(family: Family, entry: &str) -> String {
     template(family, entry).complete()
+}
+
+/// [`render`] for one of the family's [`Family::variants`].
+pub fn render_variant(family: Family, entry: &str, variant: u32) -> String {
+    template_variant(family, entry, variant).complete()
 }
 
 /// A rendered entry point, launched through Burn's template kernel API.
@@ -249,15 +301,16 @@ pub fn render(family: Family, entry: &str) -> String {
 pub(crate) struct WgslKernel {
     pub family: Family,
     pub entry: &'static str,
+    pub variant: u32,
 }
 
 impl KernelSource for WgslKernel {
     fn source(&self) -> SourceTemplate {
-        template(self.family, self.entry)
+        template_variant(self.family, self.entry, self.variant)
     }
 
     fn id(&self) -> KernelId {
-        KernelId::new::<Self>().info((self.family, self.entry))
+        KernelId::new::<Self>().info((self.family, self.entry, self.variant))
     }
 
     fn lang(&self) -> &'static str {
@@ -287,6 +340,8 @@ pub struct Portability {
     pub family: Family,
     /// Entry point.
     pub entry: &'static str,
+    /// The specialization ([`Family::variants`]).
+    pub variant: u32,
     /// What it translated to.
     pub translations: Translations,
 }
@@ -298,11 +353,13 @@ pub fn check_all() -> Result<Vec<Portability>> {
     let mut out = Vec::new();
     for family in Family::ALL {
         for &entry in family.entries() {
-            let name = format!("{}/{entry}", family.file_name());
-            let source = render(family, entry);
-            check_params(&name, &source, crate::params::layout(family))?;
-            let translations = check_source(&name, &source)?;
-            out.push(Portability { family, entry, translations });
+            for &variant in family.variants() {
+                let name = format!("{}/{entry}/{variant}", family.file_name());
+                let source = render_variant(family, entry, variant);
+                check_params(&name, &source, crate::params::layout(family))?;
+                let translations = check_source(&name, &source)?;
+                out.push(Portability { family, entry, variant, translations });
+            }
         }
     }
     Ok(out)

@@ -415,6 +415,25 @@ impl Llama {
         }
     }
 
+    /// How many output rows each invocation of the quantized projection kernel computes, for
+    /// every matrix kept in its blocks ([`kvslice_kernels::QuantMatrix::set_rows_per_invocation`]:
+    /// 1 on GPUs, more on CPU adapters).
+    pub fn set_projection_rows(&mut self, rows: u32) -> Result<()> {
+        let w = &mut self.weights;
+        let mut quant: Vec<&mut kvslice_kernels::QuantMatrix> = w.embed_quant.iter_mut().collect();
+        quant.extend(w.lm_head.quant.as_mut());
+        for l in &mut w.layers {
+            let (a, m) = (&mut l.self_attn, &mut l.mlp);
+            for p in [&mut a.qkv_proj, &mut a.o_proj, &mut m.gate_up_proj, &mut m.down_proj] {
+                quant.extend(p.quant.as_mut());
+            }
+        }
+        for q in quant {
+            q.set_rows_per_invocation(rows)?;
+        }
+        Ok(())
+    }
+
     pub fn device(&self) -> &Device {
         &self.device
     }

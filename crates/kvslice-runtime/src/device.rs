@@ -133,6 +133,15 @@ pub struct DeviceInfo {
 }
 
 impl DeviceInfo {
+    /// Output rows per invocation of the projection kernel over quantized weights: 4 on CPU
+    /// adapters (llvmpipe, SwiftShader), where a load costs a loop over the SIMD lanes and one
+    /// load of the inputs then serves four rows (2.1× faster on lavapipe than one row, and
+    /// faster than 8, which spills; docs/BENCHMARKS.md, "Weights kept in their blocks"); 1 on
+    /// hardware adapters, which want an invocation per row.
+    pub fn projection_rows(&self) -> u32 {
+        if self.kind == "wgpu" && self.device_type == "Cpu" { 4 } else { 1 }
+    }
+
     /// Up to how many rows a projection runs through kvslice's skinny-product kernel rather
     /// than Burn's tiled matmul on this adapter (`kvslice bench-kernels`-style figures in
     /// docs/BENCHMARKS.md, "Projections on software adapters"):
@@ -446,5 +455,13 @@ mod tests {
         assert_eq!(info("wgpu", "", "Cpu").skinny_rows(), usize::MAX);
         assert_eq!(info("wgpu", "NVIDIA H200", "DiscreteGpu").skinny_rows(), 4);
         assert_eq!(info("cpu", "burn flex", "Cpu").skinny_rows(), 0);
+    }
+
+    #[test]
+    fn projection_rows_follow_the_adapter() {
+        assert_eq!(info("wgpu", "llvmpipe (LLVM 15.0.6, 256 bits)", "Cpu").projection_rows(), 4);
+        assert_eq!(info("wgpu", "", "Cpu").projection_rows(), 4);
+        assert_eq!(info("wgpu", "NVIDIA H200", "DiscreteGpu").projection_rows(), 1);
+        assert_eq!(info("wgpu", "Apple M3", "IntegratedGpu").projection_rows(), 1);
     }
 }

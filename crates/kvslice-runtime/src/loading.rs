@@ -17,7 +17,9 @@ pub struct LoadedModel {
 impl LoadedModel {
     /// Uploads `weights` to `device`. The weights were already checked against their config.
     /// On a device opened by [`crate::init_device`], projections use the skinny-product kernel
-    /// up to the adapter's own row count ([`crate::DeviceInfo::skinny_rows`]).
+    /// up to the adapter's own row count ([`crate::DeviceInfo::skinny_rows`]), and the
+    /// quantized projections compute the adapter's own rows per invocation
+    /// ([`crate::DeviceInfo::projection_rows`]).
     /// A weight larger than the adapter's buffer limits is refused before anything is uploaded.
     pub fn from_parts(weights: &dyn WeightSource, tokenizer: Tokenizer, device: &Device) -> Result<Self> {
         let info = crate::device::device_info(device);
@@ -27,6 +29,7 @@ impl LoadedModel {
         let mut model = kvslice_model::load::load_llama(weights, device)?;
         if let Some(info) = info {
             model.set_skinny_rows(info.skinny_rows());
+            model.set_projection_rows(info.projection_rows())?;
         }
         let file_bytes = kvslice_formats::model_file_bytes(weights);
         Ok(Self { model, tokenizer, file_bytes })

@@ -193,7 +193,8 @@ fn quantized_weights_refuse_bad_blocks_and_shapes() {
         Err(KernelError::Shape { tensor: "blocks", .. })
     ));
     let q6k = QuantMatrix::upload(QuantFormat::Q6_K, 3, 512, &vec![0u8; 210 * 6], &dev).unwrap();
-    assert_eq!(q6k.device_bytes(), 212 * 6);
+    // 210 bytes a super-block, in 14 quads of words (the last padded): 224 bytes
+    assert_eq!(q6k.device_bytes(), 224 * 6);
     // columns that are not whole blocks, bytes that are not the blocks' length, no rows
     let one = block([0x00, 0x3c]);
     assert!(matches!(
@@ -210,8 +211,13 @@ fn quantized_weights_refuse_bad_blocks_and_shapes() {
     ));
     assert!(matches!(QuantMatrix::upload(QuantFormat::Q8_0, 0, 32, &[], &dev), Err(KernelError::Empty { .. })));
 
-    let m = QuantMatrix::upload(QuantFormat::Q8_0, 1, 32, &one, &dev).unwrap();
-    assert_eq!(m.device_bytes(), 36);
+    let mut m = QuantMatrix::upload(QuantFormat::Q8_0, 1, 32, &one, &dev).unwrap();
+    // 8 value words and a header word, padded to whole quads of words
+    assert_eq!(m.device_bytes(), 48);
+    assert_eq!(
+        m.set_rows_per_invocation(3).unwrap_err(),
+        KernelError::RowsPerInvocation { rows: 3, allowed: &kvslice_kernels::shader::QPROJECT_ROWS }
+    );
     assert_eq!(
         dequantize(&m, Some(&[0, 1]), false).unwrap_err(),
         KernelError::RowOutOfRange { what: "row id", index: 1, rows: 1 }
