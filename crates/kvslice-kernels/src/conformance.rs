@@ -99,6 +99,8 @@ pub async fn run_all(device: &Device) -> Vec<CaseResult> {
         (2, 4, 128, 1301, 3.0, 16),
         (3, 3, 13, 200, 1.0, 17),
         (1, 8, 64, 64, 1.0, 18),
+        (2, 7, 66, 700, 2.0, 19),
+        (1, 5, 64, 300, 1.0, 20),
     ] {
         case!(
             "decode_attention",

@@ -2,8 +2,10 @@
 //!
 //! One new query per query head; KV head `kh` holds `lens[kh]` valid slots of its capacity.
 //! Keys are stored after RoPE, so slot order is irrelevant. The keys of each head are split
-//! into partitions of 512; each partition runs an online softmax over tiles, and a combine pass
-//! merges the partitions (flash-decoding); with one partition and no scores asked, the
+//! into partitions of 256; one workgroup scores a partition against every query head of a
+//! chunk of the KV head's GQA group (up to 4 heads, so each key and value row is read once for
+//! all of them), with an exact softmax over the partition, and a combine pass merges the
+//! partitions (flash-decoding); with one partition and no scores asked, the
 //! partition pass writes the output itself (one dispatch). When a running score is given, a third pass adds
 //! each slot's weight, averaged over the GQA group of the slot's KV head, into it in place
 //! (H2O accumulates it over decode steps; TOVA passes a zeroed tensor for the current step).
@@ -14,7 +16,7 @@ use burn::tensor::{DType, Tensor};
 use crate::error::{KernelError, Result};
 use crate::gpu::{self, Gpu, bind, div_ceil};
 use crate::params::DecodeParams;
-use crate::shader::{DECODE_PART_LEN, DECODE_WG, Family};
+use crate::shader::{DECODE_GROUP_MAX, DECODE_PART_LEN, DECODE_WG, Family, decode_variant};
 
 /// Attention output of one new query per head.
 ///
@@ -104,7 +106,20 @@ pub fn decode_attention(
             acc.as_ref().map(bind).unwrap_or_else(|| g.dummy()),
         ]
     };
-    g.launch(Family::Decode, "part", (parts as u32, heads as u32, 1), bindings());
+    // A group of `group` query heads runs as `chunks` workgroups of `per` heads each (the last
+    // one may hold fewer); keys, values and queries are read four floats at a time when the
+    // head dimension allows it.
+    let group = (heads / kv_heads) as u32;
+    let chunks = group.div_ceil(DECODE_GROUP_MAX);
+    let per = group.div_ceil(chunks);
+    let lanes = if d % 4 == 0 { 4 } else { 1 };
+    g.launch_variant(
+        Family::Decode,
+        "part",
+        decode_variant(lanes, per),
+        (parts as u32, kv_heads as u32 * chunks, 1),
+        bindings(),
+    );
     if !direct {
         g.launch(Family::Decode, "combine", (heads as u32, 1, 1), bindings());
     }

@@ -29,7 +29,17 @@ pub(crate) const COMPACT_WG: u32 = 256;
 pub(crate) const COMPACT_PER_THREAD: u32 = 4;
 pub(crate) const APPEND_WG: u32 = 256;
 pub(crate) const DECODE_WG: u32 = 64;
-pub(crate) const DECODE_PART_LEN: u32 = 512;
+pub(crate) const DECODE_PART_LEN: u32 = 256;
+/// Query heads of one GQA group a `decode.wgsl` partition workgroup serves at most.
+pub(crate) const DECODE_GROUP_MAX: u32 = 4;
+
+/// The variant of `decode.wgsl` for `lanes` components per load (1 or 4) and `group` query heads
+/// per workgroup (1 to [`DECODE_GROUP_MAX`]).
+pub(crate) const fn decode_variant(lanes: u32, group: u32) -> u32 {
+    (group - 1) * 2 + if lanes == 4 { 1 } else { 0 }
+}
+
+const DECODE_VARIANTS: [u32; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
 pub(crate) const LINEAR_WG: u32 = 64;
 pub(crate) const PROJECT_WG: u32 = 64;
 pub(crate) const STEP_WG: u32 = 64;
@@ -148,10 +158,12 @@ impl Family {
     /// Specializations of the family, one pipeline each. `qproject.wgsl` is compiled once per
     /// block format and rows per invocation ([`qproject_variant`]), so that every branch on the
     /// format folds away at compile time (on llvmpipe the run-time branches cost 2.9× the whole
-    /// projection). Other families have one (0).
+    /// projection). `decode.wgsl` is compiled per load width and query heads per workgroup
+    /// ([`decode_variant`]). Other families have one (0).
     pub fn variants(self) -> &'static [u32] {
         match self {
             Family::QProject => &QPROJECT_VARIANTS,
+            Family::Decode => &DECODE_VARIANTS,
             _ => &[0],
         }
     }
@@ -160,6 +172,11 @@ impl Family {
     fn variant_values(self, variant: u32) -> Vec<(&'static str, u32)> {
         match self {
             Family::QProject => vec![("kind", variant % 16), ("rows", variant / 16)],
+            Family::Decode => {
+                let lanes = if variant % 2 == 1 { 4 } else { 1 };
+                let upt = (MAX_HEAD_DIM as u32 / lanes).div_ceil(DECODE_WG);
+                vec![("lanes", lanes), ("group", variant / 2 + 1), ("upt", upt)]
+            }
             _ => vec![],
         }
     }
@@ -190,7 +207,7 @@ impl Family {
             ],
             Family::Compact => vec![("wg", COMPACT_WG), ("per_thread", COMPACT_PER_THREAD)],
             Family::Append => vec![("wg", APPEND_WG)],
-            Family::Decode => vec![("wg", DECODE_WG), ("d_max", d_max)],
+            Family::Decode => vec![("wg", DECODE_WG), ("d_max", d_max), ("part_len", DECODE_PART_LEN)],
             Family::Linear | Family::Linear4 => vec![("wg", LINEAR_WG)],
             Family::Project | Family::Project4 => vec![("wg", PROJECT_WG)],
             Family::Step => vec![("wg", STEP_WG)],
@@ -199,11 +216,14 @@ impl Family {
         }
     }
 
-    /// Type placeholders (`{{ vtype }}` of `linear.wgsl`).
-    fn types(self) -> &'static [(&'static str, &'static str)] {
+    /// Type and expression placeholders (`{{ vtype }}` of `linear.wgsl`; `decode.wgsl`'s V, its
+    /// dot product and lane access).
+    fn types(self, variant: u32) -> &'static [(&'static str, &'static str)] {
         match self {
             Family::Linear | Family::Project => &[("vtype", "f32")],
             Family::Linear4 | Family::Project4 => &[("vtype", "vec4<f32>")],
+            Family::Decode if variant % 2 == 1 => &[("vtype", "vec4<f32>"), ("vdot", "dot(a, b)"), ("lane", "y[i]")],
+            Family::Decode => &[("vtype", "f32"), ("vdot", "a * b"), ("lane", "y")],
             _ => &[],
         }
     }
@@ -275,7 +295,7 @@ pub fn template_variant(family: Family, entry: &str, variant: u32) -> SourceTemp
     for (name, value) in family.values() {
         t = t.register(name, value.to_string());
     }
-    for &(name, ty) in family.types() {
+    for &(name, ty) in family.types(variant) {
         t = t.register(name, ty);
     }
     for &e in family.entries() {

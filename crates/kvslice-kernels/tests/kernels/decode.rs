@@ -48,8 +48,10 @@ proptest! {
     #[test]
     fn matches_twin_on_ragged_caches(
         kv_heads in 1usize..4,
-        group in prop::sample::select(vec![1usize, 3, 4, 8]),
-        d in prop::sample::select(vec![64usize, 128, 13]),
+        // groups of 5, 7 and 8 run as two workgroups of 3+2, 4+3 and 4+4 query heads
+        group in prop::sample::select(vec![1usize, 2, 3, 4, 5, 7, 8]),
+        // 13 and 66 take the one-float path (66: two columns per invocation)
+        d in prop::sample::select(vec![64usize, 128, 13, 66]),
         cap in 1usize..1300,
         seed in any::<u64>(),
     ) {
@@ -65,6 +67,7 @@ proptest! {
 fn long_and_sharp() {
     run_case(2, 4, 128, 5000, &[4999, 1], 3.0, 17);
     run_case(3, 3, 64, 2049, &[2049, 512, 513], 1.0, 18);
+    run_case(2, 7, 66, 1000, &[257, 1000], 2.0, 19);
 }
 
 #[test]
