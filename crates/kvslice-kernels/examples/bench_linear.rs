@@ -7,6 +7,10 @@
 //! cargo run -p kvslice-kernels --example bench_linear -- --quant q4_1|q4_0|q8_0|f16 [--per-invocation 1|4|8] [--reps 5]
 //! ```
 //!
+//! `--chain N` queues N calls back to back before each sync and reports the time per call: what
+//! a call costs inside a decode step, where nothing waits between launches. `--flush-every N`
+//! hands the queue to the device every N launches ([`kvslice_kernels::set_flush_interval`]).
+//!
 //! With `--quant`, the second column times [`qproject`] over weights in that block format
 //! (seeded random blocks) for one row, beside the f32 skinny kernel.
 //!
@@ -29,6 +33,9 @@ const SHAPES: [(&str, usize, usize, usize); 5] = [
     ("head: 576→49152", 576, 49152, 0),
 ];
 const LAYERS: usize = 30;
+
+/// `--chain N`: time N calls queued back to back before one sync (per call).
+static CHAIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
 
 fn values(len: usize, seed: &mut u64) -> Vec<f32> {
     (0..len)
@@ -74,6 +81,21 @@ fn blocks(format: QuantFormat, rows: usize, cols: usize, seed: &mut u64) -> Vec<
 fn median_ms(dev: &Device, reps: usize, mut f: impl FnMut()) -> f64 {
     f();
     dev.sync().expect("device sync");
+    if let Some(chain) = CHAIN.get().copied().filter(|&c| c > 1) {
+        // `chain` calls queued back to back, one sync: the cost of a call inside a decode step
+        let mut times: Vec<f64> = (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                for _ in 0..chain {
+                    f();
+                }
+                dev.sync().expect("device sync");
+                t.elapsed().as_secs_f64() * 1e3 / chain as f64
+            })
+            .collect();
+        times.sort_by(f64::total_cmp);
+        return times[times.len() / 2];
+    }
     let mut times: Vec<f64> = (0..reps)
         .map(|_| {
             let t = Instant::now();
@@ -107,6 +129,14 @@ fn main() {
                 i += 1;
             }
             "--bias" => with_bias = true,
+            "--flush-every" => {
+                kvslice_kernels::set_flush_interval(args[i + 1].parse().expect("launches per flush"));
+                i += 1;
+            }
+            "--chain" => {
+                CHAIN.set(args[i + 1].parse().expect("calls per sync")).expect("one --chain");
+                i += 1;
+            }
             "--no-head" => head = false,
             "--gemm" => tiled = true,
             "--per-invocation" => {

@@ -7,6 +7,8 @@ use burn::cubecl::server::{BufferBinding, Handle, KernelArguments};
 use burn::cubecl::{CubeCount, CubeDim, RuntimeId};
 use burn::tensor::{DType, Int, Shape, Tensor};
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use crate::error::{KernelError, Result};
 use crate::shader::{Family, WgslKernel};
 
@@ -225,7 +227,7 @@ impl Gpu {
             return;
         }
         let kernel = WgslKernel { family, entry, variant };
-        let cube_dim = CubeDim::new_1d(family.workgroup(entry));
+        let cube_dim = CubeDim::new_1d(family.workgroup_variant(entry, variant));
         crate::dispatch::labelled(family, entry, || {
             self.like.client.launch(
                 Box::new(SourceKernel::new(kernel, cube_dim)),
@@ -233,7 +235,29 @@ impl Gpu {
                 KernelArguments::new().with_buffers(buffers),
             )
         });
+        let every = FLUSH_EVERY.load(Ordering::Relaxed);
+        if every > 0 && LAUNCHES.fetch_add(1, Ordering::Relaxed) % every == every - 1 {
+            // A failed flush leaves the work queued: the next read or sync reports the fault.
+            let _ = self.like.client.flush();
+        }
     }
+}
+
+static FLUSH_EVERY: AtomicUsize = AtomicUsize::new(0);
+static LAUNCHES: AtomicUsize = AtomicUsize::new(0);
+
+/// Hands the queued work to the device every `n` kernel launches and waits for the device
+/// thread to take it (0, the default: never; the queue is handed over when it fills).
+///
+/// Burn's wgpu client queues launches for a device thread, and a host thread that finds the
+/// queue full spins until the device thread drains it. On a CPU adapter (lavapipe,
+/// SwiftShader) the adapter's own worker threads run the kernels on the same cores, so that
+/// spinning takes a core from them: 35% of a chain of decode projections' samples on a
+/// two-core machine. Flushing every few launches makes the host wait parked instead
+/// (docs/BENCHMARKS.md, "Decode attention and the host on CPU adapters"). Process-wide: the
+/// runtime sets it when it loads a model on a CPU adapter.
+pub fn set_flush_interval(n: usize) {
+    FLUSH_EVERY.store(n, Ordering::Relaxed);
 }
 
 pub(crate) fn bind(t: &CubeTensor) -> BufferBinding {

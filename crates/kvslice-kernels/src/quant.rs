@@ -21,7 +21,7 @@ use crate::error::{KernelError, Result};
 use crate::fused::Fusion;
 use crate::gpu::{self, Gpu, bind};
 use crate::params::QProjectParams;
-use crate::shader::{Family, QPROJECT_ROWS, QPROJECT_WG, qproject_variant};
+use crate::shader::{Family, QPROJECT_ROWS, QPROJECT_WG, qproject_variant, qproject_wg};
 
 /// Block formats [`QuantMatrix`] takes (GGUF's layouts: 32 values per block, 256 per
 /// super-block for the K-quants; F16 and BF16 as 32 values of 2 bytes).
@@ -455,7 +455,7 @@ pub fn qproject(
     for (part, wp) in weight.parts.iter().zip(&wps) {
         let rows = if fusion.swiglu { d_out } else { part.rows };
         let per = if part.format.is_k() { 1 } else { weight.rows_per_invocation };
-        let (gx, gy) = grid(rows.div_ceil(QPROJECT_WG as usize * per as usize))?;
+        let (gx, gy) = grid(rows.div_ceil(qproject_wg(per) as usize * per as usize))?;
         let launch = Launch { rows, flags, up_at: d_out, groups_x: gx, row_at, eps };
         let params = g.params(&part.params(d_in, launch), &[]);
         g.launch_variant(

@@ -142,6 +142,16 @@ impl DeviceInfo {
         if self.kind == "wgpu" && self.device_type == "Cpu" { 4 } else { 1 }
     }
 
+    /// Every how many kernel launches the host hands the queue to the device and waits parked
+    /// for it ([`kvslice_kernels::set_flush_interval`]): 4 on native CPU adapters, where a host
+    /// spinning on a full queue takes a core from the adapter's own threads (lavapipe decode
+    /// projections 25% faster; docs/BENCHMARKS.md, "Decode attention and the host on CPU
+    /// adapters"); 0 (never) on hardware adapters, which have cores to spare, and in the
+    /// browser, whose queue never spins.
+    pub fn flush_interval(&self) -> usize {
+        if cfg!(target_family = "wasm") || self.kind != "wgpu" || self.device_type != "Cpu" { 0 } else { 4 }
+    }
+
     /// Up to how many rows a projection runs through kvslice's skinny-product kernel rather
     /// than Burn's tiled matmul on this adapter (`kvslice bench-kernels`-style figures in
     /// docs/BENCHMARKS.md, "Projections on software adapters"):
@@ -463,5 +473,12 @@ mod tests {
         assert_eq!(info("wgpu", "", "Cpu").projection_rows(), 4);
         assert_eq!(info("wgpu", "NVIDIA H200", "DiscreteGpu").projection_rows(), 1);
         assert_eq!(info("wgpu", "Apple M3", "IntegratedGpu").projection_rows(), 1);
+    }
+
+    #[test]
+    fn only_cpu_adapters_flush_every_few_launches() {
+        assert_eq!(info("wgpu", "llvmpipe (LLVM 15.0.6, 256 bits)", "Cpu").flush_interval(), 4);
+        assert_eq!(info("wgpu", "NVIDIA H200", "DiscreteGpu").flush_interval(), 0);
+        assert_eq!(info("cpu", "flex", "Cpu").flush_interval(), 0);
     }
 }

@@ -19,7 +19,8 @@ impl LoadedModel {
     /// On a device opened by [`crate::init_device`], projections use the skinny-product kernel
     /// up to the adapter's own row count ([`crate::DeviceInfo::skinny_rows`]), and the
     /// quantized projections compute the adapter's own rows per invocation
-    /// ([`crate::DeviceInfo::projection_rows`]).
+    /// ([`crate::DeviceInfo::projection_rows`]); on a CPU adapter the host flushes the queue
+    /// every few launches ([`crate::DeviceInfo::flush_interval`]).
     /// A weight larger than the adapter's buffer limits is refused before anything is uploaded.
     pub fn from_parts(weights: &dyn WeightSource, tokenizer: Tokenizer, device: &Device) -> Result<Self> {
         let info = crate::device::device_info(device);
@@ -30,6 +31,9 @@ impl LoadedModel {
         if let Some(info) = info {
             model.set_skinny_rows(info.skinny_rows());
             model.set_projection_rows(info.projection_rows())?;
+            if info.flush_interval() > 0 {
+                kvslice_kernels::set_flush_interval(info.flush_interval());
+            }
         }
         let file_bytes = kvslice_formats::model_file_bytes(weights);
         Ok(Self { model, tokenizer, file_bytes })

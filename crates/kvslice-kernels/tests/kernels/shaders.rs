@@ -19,16 +19,22 @@ fn every_entry_point_validates_and_translates() {
 fn rendered_entry_point_is_main_with_the_dispatch_workgroup_size() {
     for family in Family::ALL {
         for &entry in family.entries() {
-            let source = shader::render(family, entry);
-            assert!(!source.contains("{{"), "{family:?}/{entry}: unfilled placeholder");
-            let module = naga::front::wgsl::parse_str(&source).expect("parses");
-            let computes: Vec<_> =
-                module.entry_points.iter().filter(|e| e.stage == naga::ShaderStage::Compute).collect();
-            assert_eq!(computes.len(), family.entries().len(), "{family:?}: every entry point stays in the module");
-            let main = computes.iter().find(|e| e.name == "main").expect("an entry point named main");
-            assert_eq!(main.workgroup_size, [family.workgroup(entry), 1, 1], "{family:?}/{entry}");
+            for &variant in family.variants() {
+                let source = shader::render_variant(family, entry, variant);
+                let what = format!("{family:?}/{entry}/{variant}");
+                assert!(!source.contains("{{"), "{what}: unfilled placeholder");
+                let module = naga::front::wgsl::parse_str(&source).expect("parses");
+                let computes: Vec<_> =
+                    module.entry_points.iter().filter(|e| e.stage == naga::ShaderStage::Compute).collect();
+                assert_eq!(computes.len(), family.entries().len(), "{what}: every entry point stays in the module");
+                let main = computes.iter().find(|e| e.name == "main").expect("an entry point named main");
+                assert_eq!(main.workgroup_size, [family.workgroup_variant(entry, variant), 1, 1], "{what}");
+            }
         }
     }
+    // the quantized projection: 64 invocations for one row each, 16 for several
+    assert_eq!(Family::QProject.workgroup_variant("project", 16 * 4), 16);
+    assert_eq!(Family::QProject.workgroup_variant("project", 16), 64);
 }
 
 #[test]
