@@ -60,6 +60,20 @@ fn check_logits(device: Device, max_tokens: usize) {
 }
 
 #[test]
+fn loading_sets_the_launch_shape_of_the_adapter() {
+    // A CPU adapter (lavapipe in CI): four rows per invocation of the quantized projections,
+    // and the host flushing the queue every four launches. A hardware adapter: one row, and
+    // the queue handed over when it fills.
+    let device = wgpu();
+    let info = kvslice_runtime::device_info(&device).expect("opened by init_device");
+    let loaded = load(&device);
+    let (rows, flush) = if info.device_type == "Cpu" { (4, 4) } else { (1, 0) };
+    assert_eq!(loaded.model.projection_rows(), Some(rows), "{info}");
+    assert_eq!(kvslice_kernels::flush_interval(), flush, "{info}");
+    assert_eq!(load(&cpu()).model.projection_rows(), None, "the CPU backend dequantizes at load");
+}
+
+#[test]
 fn logits_match_transformers_on_wgpu() {
     check_logits(wgpu(), 512);
 }

@@ -260,6 +260,11 @@ pub fn set_flush_interval(n: usize) {
     FLUSH_EVERY.store(n, Ordering::Relaxed);
 }
 
+/// The interval [`set_flush_interval`] set (0: never).
+pub fn flush_interval() -> usize {
+    FLUSH_EVERY.load(Ordering::Relaxed)
+}
+
 pub(crate) fn bind(t: &CubeTensor) -> BufferBinding {
     t.handle.clone().binding()
 }

@@ -38,7 +38,7 @@ pub use decode::decode_attention;
 pub use error::{KernelError, Result};
 pub use fused::{Fusion, QkvRow, project, rms_norm, rope_split};
 pub use gemm::gemm;
-pub use gpu::{BufferId, buffer_id, int_buffer_id, set_flush_interval};
+pub use gpu::{BufferId, buffer_id, flush_interval, int_buffer_id, set_flush_interval};
 pub use linear::linear;
 pub use params::{Layout, layout};
 pub use quant::{QuantFormat, QuantMatrix, dequantize, pack_blocks, qproject};

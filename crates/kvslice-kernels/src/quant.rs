@@ -296,15 +296,21 @@ impl QuantMatrix {
     /// How many output rows each invocation of [`qproject`] computes, one of
     /// [`QPROJECT_ROWS`] (the K-quants always take one). One on GPUs, whose many invocations
     /// each take a row; more on CPU adapters (llvmpipe, SwiftShader), where every load costs a
-    /// loop over the SIMD lanes and one load of the inputs then serves several rows: 8 rows
-    /// make lavapipe's projections N× faster (docs/BENCHMARKS.md, "Weights kept in their
-    /// blocks").
+    /// loop over the SIMD lanes and one load of the inputs then serves several rows: 4 rows
+    /// make lavapipe's vocabulary head 1.9× faster than one (28.0 → 14.5 ms; 8 spill
+    /// registers: 17.6 ms; docs/BENCHMARKS.md, "The quantized projection on CPU adapters").
     pub fn set_rows_per_invocation(&mut self, rows: u32) -> Result<()> {
         if !QPROJECT_ROWS.contains(&rows) {
             return Err(KernelError::RowsPerInvocation { rows, allowed: &QPROJECT_ROWS });
         }
         self.rows_per_invocation = rows;
         Ok(())
+    }
+
+    /// Output rows each invocation of [`qproject`] computes
+    /// ([`QuantMatrix::set_rows_per_invocation`]; 1 unless set).
+    pub fn rows_per_invocation(&self) -> u32 {
+        self.rows_per_invocation
     }
 
     /// The format of the first rows (of every row unless [`QuantMatrix::stack`]ed from

@@ -434,6 +434,13 @@ impl Llama {
         Ok(())
     }
 
+    /// Rows per invocation of the quantized projections ([`Llama::set_projection_rows`]): those
+    /// of the q|k|v projection of the first layer, `None` when it is not kept in its blocks.
+    pub fn projection_rows(&self) -> Option<u32> {
+        let layer = self.weights.layers.first()?;
+        layer.self_attn.qkv_proj.quant.as_ref().map(kvslice_kernels::QuantMatrix::rows_per_invocation)
+    }
+
     pub fn device(&self) -> &Device {
         &self.device
     }
