@@ -7,7 +7,7 @@
 //! cargo run -p kvslice-kernels --example bench_linear -- --quant q4_1|q4_0|q8_0|f16 [--per-invocation 1|4|8] [--reps 5]
 //! ```
 //!
-//! `--chain N` queues N calls back to back before each sync and reports the time per call: what
+//! `--shape D_IN,D_OUT` times that one shape instead of the model's. `--chain N` queues N calls back to back before each sync and reports the time per call: what
 //! a call costs inside a decode step, where nothing waits between launches. `--flush-every N`
 //! hands the queue to the device every N launches ([`kvslice_kernels::set_flush_interval`]).
 //!
@@ -116,6 +116,8 @@ fn main() {
     let mut tiled = false;
     let mut quant = None;
     let mut per_invocation = 1;
+    let mut shapes: Vec<(String, usize, usize, usize)> =
+        SHAPES.iter().map(|&(name, d_in, d_out, uses)| (name.to_string(), d_in, d_out, uses)).collect();
     let args: Vec<String> = std::env::args().collect();
     let mut i = 1;
     while i < args.len() {
@@ -131,6 +133,13 @@ fn main() {
             "--bias" => with_bias = true,
             "--flush-every" => {
                 kvslice_kernels::set_flush_interval(args[i + 1].parse().expect("launches per flush"));
+                i += 1;
+            }
+            "--shape" => {
+                // one shape instead of the model's: D_IN,D_OUT (counted once per layer)
+                let dims: Vec<usize> = args[i + 1].split(',').map(|s| s.parse().expect("a dimension")).collect();
+                let [d_in, d_out] = dims[..] else { panic!("--shape takes D_IN,D_OUT") };
+                shapes = vec![(format!("{d_in}→{d_out}"), d_in, d_out, 1)];
                 i += 1;
             }
             "--chain" => {
@@ -170,7 +179,7 @@ fn main() {
     println!("|---|---:|---:|---:|---:|");
     for &n in &rows {
         let (mut step_matmul, mut step_linear) = (0.0, 0.0);
-        for &(name, d_in, d_out, per_layer) in &SHAPES {
+        for (name, d_in, d_out, per_layer) in shapes.iter().cloned() {
             if per_layer == 0 && !head {
                 continue;
             }
