@@ -7,9 +7,10 @@
 //! cargo run -p kvslice-kernels --example bench_linear -- --quant q4_1|q4_0|q8_0|f16 [--per-invocation 1|4|8] [--reps 5]
 //! ```
 //!
-//! `--shape D_IN,D_OUT` times that one shape instead of the model's. `--chain N` queues N calls back to back before each sync and reports the time per call: what
-//! a call costs inside a decode step, where nothing waits between launches. `--flush-every N`
-//! hands the queue to the device every N launches ([`kvslice_kernels::set_flush_interval`]).
+//! `--shape D_IN,D_OUT` times that one shape instead of the model's. `--chain N` queues N calls
+//! back to back before each sync and reports the time per call: what a call costs inside a
+//! decode step, where nothing waits between launches. `--flush-every N` hands the queue to the
+//! device every N launches ([`kvslice_kernels::set_flush_interval`]).
 //!
 //! With `--quant`, the second column times [`qproject`] over weights in that block format
 //! (seeded random blocks) for one row, beside the f32 skinny kernel.

@@ -39,7 +39,20 @@ pub(crate) const fn decode_variant(lanes: u32, group: u32) -> u32 {
     (group - 1) * 2 + if lanes == 4 { 1 } else { 0 }
 }
 
-const DECODE_VARIANTS: [u32; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
+/// The (lanes, group) of a [`decode_variant`].
+const fn decode_shape(variant: u32) -> (u32, u32) {
+    (if variant % 2 == 1 { 4 } else { 1 }, variant / 2 + 1)
+}
+
+const DECODE_VARIANTS: [u32; 2 * DECODE_GROUP_MAX as usize] = {
+    let mut out = [0u32; 2 * DECODE_GROUP_MAX as usize];
+    let mut i = 0;
+    while i < out.len() {
+        out[i] = i as u32;
+        i += 1;
+    }
+    out
+};
 pub(crate) const LINEAR_WG: u32 = 64;
 pub(crate) const PROJECT_WG: u32 = 64;
 pub(crate) const STEP_WG: u32 = 64;
@@ -183,9 +196,9 @@ impl Family {
                 vec![("kind", variant % 16), ("rows", variant / 16), ("wg", qproject_wg(variant / 16))]
             }
             Family::Decode => {
-                let lanes = if variant % 2 == 1 { 4 } else { 1 };
+                let (lanes, group) = decode_shape(variant);
                 let upt = (MAX_HEAD_DIM as u32 / lanes).div_ceil(DECODE_WG);
-                vec![("lanes", lanes), ("group", variant / 2 + 1), ("upt", upt)]
+                vec![("lanes", lanes), ("group", group), ("upt", upt)]
             }
             _ => vec![],
         }
@@ -232,7 +245,9 @@ impl Family {
         match self {
             Family::Linear | Family::Project => &[("vtype", "f32")],
             Family::Linear4 | Family::Project4 => &[("vtype", "vec4<f32>")],
-            Family::Decode if variant % 2 == 1 => &[("vtype", "vec4<f32>"), ("vdot", "dot(a, b)"), ("lane", "y[i]")],
+            Family::Decode if decode_shape(variant).0 == 4 => {
+                &[("vtype", "vec4<f32>"), ("vdot", "dot(a, b)"), ("lane", "y[i]")]
+            }
             Family::Decode => &[("vtype", "f32"), ("vdot", "a * b"), ("lane", "y")],
             _ => &[],
         }
